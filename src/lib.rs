@@ -1,0 +1,5 @@
+//! `cachalot-tools`: the meeting point of the allocator (`cachalot`) and its reference model
+//! (`cachalot-model`): the operation type, the differential harness, PyTorch snapshot reading and
+//! writing, and the replay engine behind the `cachalot` command-line program.
+
+pub mod snapshot;

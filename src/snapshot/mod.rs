@@ -1,0 +1,1 @@
+//! PyTorch memory snapshots (placeholder until written).
