@@ -1,1 +1,38 @@
-//! x
+//! # cachalot
+//!
+//! A CUDA caching allocator for Rust with PyTorch's policy — best fit per stream, block
+//! splitting and coalescing, small and large pools, `max_split_size`, garbage collection, memory
+//! fractions — whose every decision is checked against an executable reference model
+//! (`cachalot-model`) by property tests and fuzzing.
+//!
+//! The policy core, [`CachingCore`], runs over any [`Backend`]; [`SimDevice`] simulates a GPU so
+//! the whole allocator runs, and is tested, without one.
+//!
+//! ```
+//! use cachalot::{CachingCore, Settings, SimDevice, StreamId};
+//!
+//! let mut core = CachingCore::new(SimDevice::new(8 << 30), Settings::pytorch()).unwrap();
+//! let a = core.malloc(1 << 30, StreamId(0)).unwrap();
+//! core.free(a).unwrap();
+//! // The freed gigabyte stays cached: the next request of that size reuses it.
+//! assert_eq!(core.malloc(1 << 30, StreamId(0)).unwrap(), a);
+//! assert_eq!(core.stats().reserved_bytes.all.current, 1 << 30);
+//! assert_eq!(core.stats().num_device_alloc, 1);
+//! ```
+
+pub mod backend;
+mod block;
+pub mod error;
+mod invariants;
+pub mod policy;
+pub mod settings;
+pub mod sizes;
+pub mod stats;
+
+pub use backend::sim::{Faults, SimDevice};
+pub use backend::{Backend, BackendError, EventId, MemInfo, StreamId};
+pub use block::BlockState;
+pub use error::{Error, OutOfMemory};
+pub use policy::{BlockInfo, CachingCore, SegmentInfo};
+pub use settings::{Settings, SettingsError};
+pub use stats::{Stat, StatArray, Stats};

@@ -1,0 +1,66 @@
+//! The device behind the allocator: where segments come from and where events live.
+//!
+//! The one rule: the policy core never names a CUDA type. It sees streams and events as opaque
+//! ids and device memory as addresses; a [`Backend`] turns those into driver calls (the CUDA
+//! backend) or into bookkeeping (the [`sim`] device).
+
+pub mod sim;
+
+/// A stream, as the backend identifies it (for CUDA, the `CUstream` handle's value).
+///
+/// Blocks are cached per stream: a block freed on one stream is only reused on that stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default, serde::Serialize)]
+pub struct StreamId(pub u64);
+
+/// An event recorded on a stream, as the backend identifies it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct EventId(pub u64);
+
+/// The device's memory as the driver reports it (`cuMemGetInfo`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct MemInfo {
+    /// Bytes free on the device, for anyone.
+    pub free: u64,
+    /// The device's total memory.
+    pub total: u64,
+}
+
+/// A failure reported by the device.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BackendError {
+    /// The device has no room for the allocation. The allocator recovers from this by releasing
+    /// cached memory and retrying.
+    #[error("the device is out of memory")]
+    OutOfMemory,
+    /// Any other driver error: the operation did not happen and the allocator's state is
+    /// unchanged.
+    #[error("device error in {operation}: {message}")]
+    Device {
+        /// The driver call that failed.
+        operation: &'static str,
+        /// The driver's description of the error.
+        message: String,
+    },
+}
+
+/// What the allocator needs from a device: memory, and events for cross-stream safety.
+///
+/// Shaped after the CUDA driver API (`cuMemAlloc`, `cuMemFree`, `cuMemGetInfo`,
+/// `cuEventRecord`, `cuEventQuery`, `cuEventSynchronize`, `cuEventDestroy`).
+pub trait Backend {
+    /// Allocates `size` bytes of device memory and returns its address (never 0).
+    fn allocate(&mut self, size: u64) -> Result<u64, BackendError>;
+    /// Returns the memory at `address` (which [`Backend::allocate`] returned with `size`).
+    fn free(&mut self, address: u64, size: u64) -> Result<(), BackendError>;
+    /// The device's free and total memory.
+    fn mem_info(&mut self) -> Result<MemInfo, BackendError>;
+    /// Records an event on `stream`: it completes when the work queued on `stream` so far is done.
+    fn record_event(&mut self, stream: StreamId) -> Result<EventId, BackendError>;
+    /// Whether the event has completed.
+    fn query_event(&mut self, event: EventId) -> Result<bool, BackendError>;
+    /// Waits until the event has completed.
+    fn synchronize_event(&mut self, event: EventId) -> Result<(), BackendError>;
+    /// Forgets an event the allocator no longer needs.
+    fn destroy_event(&mut self, event: EventId);
+}

@@ -1,0 +1,331 @@
+//! The simulated device: memory bookkeeping and stream events without a GPU.
+//!
+//! The one rule: every choice it makes is deterministic and written in ARCHITECTURE.md ("The
+//! simulated device"), because the reference model simulates the same device in its own code
+//! and the two must hand out the same addresses.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use super::{Backend, BackendError, EventId, MemInfo, StreamId};
+
+/// The lowest address the simulated device hands out when it has no script.
+pub const SIM_BASE_ADDRESS: u64 = 0x7f00_0000_0000;
+/// Addresses the simulated device invents are aligned to this (2 MiB).
+pub const SIM_ALIGNMENT: u64 = 2 << 20;
+
+/// Faults to inject into a [`SimDevice`]: each counter makes that many upcoming calls fail.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Faults {
+    /// Allocations that report out-of-memory.
+    pub alloc_oom: u32,
+    /// Allocations that report a device error other than out-of-memory.
+    pub alloc_error: u32,
+    /// Frees that report a device error (the memory stays allocated).
+    pub free_error: u32,
+    /// Event recordings that fail.
+    pub record_error: u32,
+    /// Event queries that fail.
+    pub query_error: u32,
+    /// Event synchronisations that fail.
+    pub sync_error: u32,
+}
+
+/// A device of fixed capacity that hands out addresses, records events, and fails on request.
+#[derive(Debug, Clone)]
+pub struct SimDevice {
+    capacity: u64,
+    used: u64,
+    segments: BTreeMap<u64, u64>,
+    script: VecDeque<u64>,
+    faults: Faults,
+    /// Per stream: events recorded so far, and how many of them have completed.
+    streams: HashMap<StreamId, (u64, u64)>,
+    events: HashMap<EventId, (StreamId, u64)>,
+    next_event: u64,
+    device_allocs: u64,
+    device_frees: u64,
+}
+
+impl SimDevice {
+    /// A device with `capacity` bytes of memory.
+    pub fn new(capacity: u64) -> SimDevice {
+        SimDevice {
+            capacity,
+            used: 0,
+            segments: BTreeMap::new(),
+            script: VecDeque::new(),
+            faults: Faults::default(),
+            streams: HashMap::new(),
+            events: HashMap::new(),
+            next_event: 1,
+            device_allocs: 0,
+            device_frees: 0,
+        }
+    }
+
+    /// Hands out these addresses first, in order (a recorded trace's segment addresses). A
+    /// script address whose range overlaps a live allocation is skipped (consumed, not used).
+    pub fn with_address_script(mut self, addresses: impl IntoIterator<Item = u64>) -> SimDevice {
+        self.script = addresses.into_iter().collect();
+        self
+    }
+
+    /// Makes upcoming calls fail (adds to the faults already pending).
+    pub fn inject(&mut self, faults: Faults) {
+        let f = &mut self.faults;
+        f.alloc_oom = f.alloc_oom.saturating_add(faults.alloc_oom);
+        f.alloc_error = f.alloc_error.saturating_add(faults.alloc_error);
+        f.free_error = f.free_error.saturating_add(faults.free_error);
+        f.record_error = f.record_error.saturating_add(faults.record_error);
+        f.query_error = f.query_error.saturating_add(faults.query_error);
+        f.sync_error = f.sync_error.saturating_add(faults.sync_error);
+    }
+
+    /// The next `n` allocations report out-of-memory, whatever the capacity.
+    pub fn fail_next_allocs(&mut self, n: u32) {
+        self.inject(Faults {
+            alloc_oom: n,
+            ..Faults::default()
+        });
+    }
+
+    /// Clears all pending faults.
+    pub fn clear_faults(&mut self) {
+        self.faults = Faults::default();
+    }
+
+    /// Completes the work queued on `stream` so far: every event recorded on it until now.
+    pub fn complete_stream(&mut self, stream: StreamId) {
+        if let Some((recorded, done)) = self.streams.get_mut(&stream) {
+            *done = *recorded;
+        }
+    }
+
+    /// Bytes handed out and not yet freed.
+    pub fn used(&self) -> u64 {
+        self.used
+    }
+
+    /// The device's capacity in bytes.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Live allocations as `(address, size)`, by address.
+    pub fn allocations(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.segments.iter().map(|(&a, &s)| (a, s))
+    }
+
+    /// Events recorded and not yet destroyed.
+    pub fn live_events(&self) -> usize {
+        self.events.len()
+    }
+
+    /// Successful allocations and frees so far.
+    pub fn call_counts(&self) -> (u64, u64) {
+        (self.device_allocs, self.device_frees)
+    }
+
+    fn overlaps(&self, address: u64, size: u64) -> bool {
+        let end = address.saturating_add(size);
+        // The last segment starting below `end` is the only one that can overlap.
+        self.segments
+            .range(..end)
+            .next_back()
+            .is_some_and(|(&a, &s)| a.saturating_add(s) > address)
+    }
+
+    fn place(&mut self, size: u64) -> Option<u64> {
+        while let Some(a) = self.script.pop_front() {
+            if a != 0 && a.checked_add(size).is_some() && !self.overlaps(a, size) {
+                return Some(a);
+            }
+        }
+        let mut candidate = SIM_BASE_ADDRESS;
+        for (&a, &s) in self
+            .segments
+            .range(SIM_BASE_ADDRESS.saturating_sub(1 << 40)..)
+        {
+            let end = a.checked_add(s)?;
+            if end <= candidate {
+                continue;
+            }
+            if candidate.checked_add(size)? <= a {
+                return Some(candidate);
+            }
+            candidate = end.checked_next_multiple_of(SIM_ALIGNMENT)?;
+        }
+        candidate.checked_add(size).map(|_| candidate)
+    }
+}
+
+fn take(counter: &mut u32) -> bool {
+    if *counter > 0 {
+        *counter -= 1;
+        true
+    } else {
+        false
+    }
+}
+
+fn device_error(operation: &'static str) -> BackendError {
+    BackendError::Device {
+        operation,
+        message: "injected fault".to_string(),
+    }
+}
+
+impl Backend for SimDevice {
+    fn allocate(&mut self, size: u64) -> Result<u64, BackendError> {
+        if take(&mut self.faults.alloc_error) {
+            return Err(device_error("allocate"));
+        }
+        if take(&mut self.faults.alloc_oom) {
+            return Err(BackendError::OutOfMemory);
+        }
+        if size == 0 || self.used.saturating_add(size) > self.capacity {
+            return Err(BackendError::OutOfMemory);
+        }
+        let address = self.place(size).ok_or(BackendError::OutOfMemory)?;
+        self.segments.insert(address, size);
+        self.used += size;
+        self.device_allocs += 1;
+        Ok(address)
+    }
+
+    fn free(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
+        if take(&mut self.faults.free_error) {
+            return Err(device_error("free"));
+        }
+        match self.segments.get(&address) {
+            Some(&s) if s == size => {
+                self.segments.remove(&address);
+                self.used -= size;
+                self.device_frees += 1;
+                Ok(())
+            }
+            _ => Err(BackendError::Device {
+                operation: "free",
+                message: format!("{address:#x} (+{size}) is not a live allocation"),
+            }),
+        }
+    }
+
+    fn mem_info(&mut self) -> Result<MemInfo, BackendError> {
+        Ok(MemInfo {
+            free: self.capacity - self.used,
+            total: self.capacity,
+        })
+    }
+
+    fn record_event(&mut self, stream: StreamId) -> Result<EventId, BackendError> {
+        if take(&mut self.faults.record_error) {
+            return Err(device_error("record_event"));
+        }
+        let entry = self.streams.entry(stream).or_insert((0, 0));
+        entry.0 += 1;
+        let id = EventId(self.next_event);
+        self.next_event += 1;
+        self.events.insert(id, (stream, entry.0));
+        Ok(id)
+    }
+
+    fn query_event(&mut self, event: EventId) -> Result<bool, BackendError> {
+        if take(&mut self.faults.query_error) {
+            return Err(device_error("query_event"));
+        }
+        let (stream, seq) = self
+            .events
+            .get(&event)
+            .copied()
+            .ok_or_else(|| unknown(event))?;
+        Ok(self
+            .streams
+            .get(&stream)
+            .is_some_and(|&(_, done)| done >= seq))
+    }
+
+    fn synchronize_event(&mut self, event: EventId) -> Result<(), BackendError> {
+        if take(&mut self.faults.sync_error) {
+            return Err(device_error("synchronize_event"));
+        }
+        let (stream, seq) = self
+            .events
+            .get(&event)
+            .copied()
+            .ok_or_else(|| unknown(event))?;
+        // Waiting for an event means the stream has reached it, and so every earlier event.
+        if let Some((_, done)) = self.streams.get_mut(&stream) {
+            *done = (*done).max(seq);
+        }
+        Ok(())
+    }
+
+    fn destroy_event(&mut self, event: EventId) {
+        self.events.remove(&event);
+    }
+}
+
+fn unknown(event: EventId) -> BackendError {
+    BackendError::Device {
+        operation: "event",
+        message: format!("unknown event {}", event.0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_first_fit_and_aligned() {
+        let mut d = SimDevice::new(1 << 30);
+        let a = d.allocate(20 << 20).unwrap();
+        let b = d.allocate(2 << 20).unwrap();
+        assert_eq!(a, SIM_BASE_ADDRESS);
+        assert_eq!(b, SIM_BASE_ADDRESS + (20 << 20));
+        d.free(a, 20 << 20).unwrap();
+        assert_eq!(d.allocate(4 << 20).unwrap(), SIM_BASE_ADDRESS);
+    }
+
+    #[test]
+    fn capacity_is_enforced_and_faults_fire_once() {
+        let mut d = SimDevice::new(4 << 20);
+        assert_eq!(d.allocate(6 << 20), Err(BackendError::OutOfMemory));
+        d.fail_next_allocs(1);
+        assert_eq!(d.allocate(2 << 20), Err(BackendError::OutOfMemory));
+        assert!(d.allocate(2 << 20).is_ok());
+    }
+
+    #[test]
+    fn script_addresses_come_first_unless_taken() {
+        let mut d = SimDevice::new(1 << 30).with_address_script([0x1000_0000, 0x1000_0000]);
+        assert_eq!(d.allocate(2 << 20).unwrap(), 0x1000_0000);
+        // The second script entry overlaps the first allocation: skipped.
+        assert_eq!(d.allocate(2 << 20).unwrap(), SIM_BASE_ADDRESS);
+    }
+
+    #[test]
+    fn events_complete_when_their_stream_does() {
+        let mut d = SimDevice::new(1 << 30);
+        let s = StreamId(3);
+        let e1 = d.record_event(s).unwrap();
+        assert!(!d.query_event(e1).unwrap());
+        d.complete_stream(s);
+        let e2 = d.record_event(s).unwrap();
+        assert!(d.query_event(e1).unwrap());
+        assert!(!d.query_event(e2).unwrap());
+        d.synchronize_event(e2).unwrap();
+        assert!(d.query_event(e2).unwrap());
+    }
+
+    #[test]
+    fn freeing_a_foreign_range_is_an_error() {
+        let mut d = SimDevice::new(1 << 30);
+        let a = d.allocate(2 << 20).unwrap();
+        assert!(d.free(a + 512, 2 << 20).is_err());
+        assert!(d.free(a, 4 << 20).is_err());
+        assert!(d.free(a, 2 << 20).is_ok());
+        assert_eq!(d.used(), 0);
+    }
+}

@@ -1,0 +1,96 @@
+//! Blocks: the slab that holds every block of every segment, linked to its neighbours.
+//!
+//! The one rule: a block id names one slot of the slab for the life of the block; a slot is
+//! reused only after the block is gone from every index (free set, live map, event queue).
+
+use crate::backend::StreamId;
+use crate::sizes::Pool;
+
+/// The index of a block in the [`Slab`].
+pub(crate) type BlockId = u32;
+
+/// What a block is doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum BlockState {
+    /// In its pool's free set: reusable on its stream.
+    Free,
+    /// Handed out to the user.
+    Allocated,
+    /// Freed by the user, waiting for other streams' work (events) before it can be reused.
+    Pending,
+}
+
+/// One block of device memory inside a segment.
+#[derive(Clone, Debug)]
+pub(crate) struct Block {
+    pub address: u64,
+    pub size: u64,
+    pub requested: u64,
+    pub stream: StreamId,
+    pub pool: Pool,
+    pub prev: Option<BlockId>,
+    pub next: Option<BlockId>,
+    pub state: BlockState,
+    /// Outstanding events before a pending block returns to the pool.
+    pub event_count: u32,
+    /// Streams other than `stream` that used the block while it was allocated.
+    pub stream_uses: Vec<StreamId>,
+    /// The pool's search counter when the block entered the free set (garbage collection age).
+    pub gc_base: u64,
+}
+
+impl Block {
+    /// Whether the block's segment holds other blocks too.
+    #[inline]
+    pub fn is_split(&self) -> bool {
+        self.prev.is_some() || self.next.is_some()
+    }
+}
+
+/// Storage for blocks with stable ids and slot reuse.
+#[derive(Debug, Default)]
+pub(crate) struct Slab {
+    slots: Vec<Option<Block>>,
+    vacant: Vec<BlockId>,
+}
+
+impl Slab {
+    pub fn insert(&mut self, block: Block) -> BlockId {
+        if let Some(id) = self.vacant.pop() {
+            self.slots[id as usize] = Some(block);
+            id
+        } else {
+            self.slots.push(Some(block));
+            (self.slots.len() - 1) as BlockId
+        }
+    }
+
+    pub fn remove(&mut self, id: BlockId) -> Block {
+        let block = self.slots[id as usize]
+            .take()
+            .expect("removing a vacant block slot");
+        self.vacant.push(id);
+        block
+    }
+
+    #[inline]
+    pub fn get(&self, id: BlockId) -> &Block {
+        self.slots[id as usize].as_ref().expect("vacant block slot")
+    }
+
+    #[inline]
+    pub fn get_mut(&mut self, id: BlockId) -> &mut Block {
+        self.slots[id as usize].as_mut().expect("vacant block slot")
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (BlockId, &Block)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, b)| b.as_ref().map(|b| (i as BlockId, b)))
+    }
+
+    pub fn len(&self) -> usize {
+        self.slots.len() - self.vacant.len()
+    }
+}

@@ -1,0 +1,725 @@
+//! The policy core: PyTorch's caching-allocator rules on efficient structures.
+//!
+//! The one rule: `CachingCore` decides, the backend executes. It is `&mut self`, holds no locks,
+//! names no CUDA type and has no `unsafe`; every rule below cites the numbered rule of
+//! ARCHITECTURE.md it implements, and the reference model (`cachalot-model`) implements the
+//! same rules independently. Free blocks live in one ordered set per pool keyed
+//! `(stream, size, address)`, so best fit is one `range` lookup: O(log n) per operation.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use rustc_hash::FxHashMap;
+
+use crate::backend::{Backend, BackendError, EventId, StreamId};
+use crate::block::{Block, BlockId, BlockState, Slab};
+use crate::error::{Error, OutOfMemory};
+use crate::settings::Settings;
+use crate::sizes::{MAX_ALLOC_SIZE, MIN_BLOCK_SIZE, Pool, SMALL_SIZE, round_size, segment_size};
+use crate::stats::Stats;
+
+/// A key of a pool's free set: best fit is the first key at or after `(stream, size, 0)`.
+type FreeKey = (StreamId, u64, u64, BlockId);
+
+/// One block of a segment, as [`CachingCore::segments`] reports it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct BlockInfo {
+    /// The block's device address.
+    pub address: u64,
+    /// Its size in bytes.
+    pub size: u64,
+    /// The size the user asked for (0 for free blocks).
+    pub requested: u64,
+    /// Allocated, pending (waiting for other streams) or free.
+    pub state: BlockState,
+}
+
+/// One device segment and its blocks, as [`CachingCore::segments`] reports it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct SegmentInfo {
+    /// The segment's device address.
+    pub address: u64,
+    /// Its size in bytes.
+    pub size: u64,
+    /// The stream its blocks serve.
+    pub stream: StreamId,
+    /// The pool it belongs to.
+    pub pool: Pool,
+    /// Its blocks in address order; they tile the segment exactly.
+    pub blocks: Vec<BlockInfo>,
+}
+
+/// The caching allocator's policy over one device backend.
+#[derive(Debug)]
+pub struct CachingCore<B: Backend> {
+    backend: B,
+    settings: Settings,
+    device: usize,
+    blocks: Slab,
+    free: [BTreeSet<FreeKey>; 2],
+    live: FxHashMap<u64, BlockId>,
+    events: BTreeMap<StreamId, VecDeque<(EventId, BlockId)>>,
+    stats: Stats,
+    /// Device bytes held (PyTorch's `total_allocated_memory`).
+    reserved: u64,
+    /// The memory-fraction cap on `reserved`, when a fraction is set.
+    allowed_max: Option<u64>,
+    /// Per pool: best-fit searches made while garbage collection is on (rule 6, rule 12).
+    searches: [u64; 2],
+}
+
+impl<B: Backend> CachingCore<B> {
+    /// A caching allocator over `backend` with `settings`.
+    ///
+    /// Fails when the settings ask for something not supported yet (expandable segments, the
+    /// `cudaMallocAsync` backend), or when a memory fraction is set and the device cannot report
+    /// its capacity.
+    pub fn new(backend: B, settings: Settings) -> Result<Self, Error> {
+        if settings.expandable_segments {
+            return Err(Error::Unsupported {
+                key: "expandable_segments",
+                reason: "expandable segments are not implemented yet",
+            });
+        }
+        if settings.backend != crate::settings::AllocatorBackend::Native {
+            return Err(Error::Unsupported {
+                key: "backend",
+                reason: "cachalot is itself a native caching allocator; backend:cudaMallocAsync is not offered",
+            });
+        }
+        let fraction = settings.per_process_memory_fraction;
+        let mut core = CachingCore {
+            backend,
+            settings,
+            device: 0,
+            blocks: Slab::default(),
+            free: [BTreeSet::new(), BTreeSet::new()],
+            live: FxHashMap::default(),
+            events: BTreeMap::new(),
+            stats: Stats::default(),
+            reserved: 0,
+            allowed_max: None,
+            searches: [0; 2],
+        };
+        if let Some(f) = fraction {
+            core.set_memory_fraction(f)?;
+        }
+        Ok(core)
+    }
+
+    /// Sets the device index this core reports in its errors.
+    pub fn with_device_index(mut self, device: usize) -> Self {
+        self.device = device;
+        self
+    }
+
+    /// The settings in force.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The statistics.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Sets every peak statistic to its current value.
+    pub fn reset_peak_stats(&mut self) {
+        self.stats.reset_peaks();
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// The backend, mutably (the simulated device takes faults and stream completions here).
+    pub fn backend_mut(&mut self) -> &mut B {
+        &mut self.backend
+    }
+
+    /// Number of live (allocated) blocks.
+    pub fn live_allocations(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Rule 16: caps reserved bytes at ⌊fraction × device capacity⌋.
+    pub fn set_memory_fraction(&mut self, fraction: f64) -> Result<(), Error> {
+        if !(0.0..=1.0).contains(&fraction) {
+            return Err(Error::InvalidFraction { fraction });
+        }
+        let total = self.backend.mem_info()?.total;
+        self.allowed_max = Some((fraction * total as f64) as u64);
+        Ok(())
+    }
+
+    fn gc_enabled(&self) -> bool {
+        self.allowed_max.is_some() && self.settings.garbage_collection_threshold > 0.0
+    }
+
+    /// Allocates `size` bytes for use on `stream` and returns the block's address (0 for a
+    /// zero-size request, which touches nothing: rule 1).
+    pub fn malloc(&mut self, size: u64, stream: StreamId) -> Result<u64, Error> {
+        if size == 0 {
+            return Ok(0);
+        }
+        if size > MAX_ALLOC_SIZE {
+            return Err(Error::TooLarge { requested: size });
+        }
+        // Rule 5: blocks whose cross-stream events completed go back to their pools first.
+        if !self.events.is_empty() {
+            self.process_events()?;
+        }
+        let rounded = round_size(size, &self.settings.roundup_power2_divisions);
+        let pool = Pool::for_size(rounded);
+        let alloc_size = segment_size(rounded);
+
+        let id = match self.get_free_block(pool, stream, rounded) {
+            Some(id) => id,
+            None => match self.allocate_when_uncached(pool, stream, alloc_size, rounded)? {
+                Some(id) => id,
+                None => return Err(self.out_of_memory(size, alloc_size)),
+            },
+        };
+        Ok(self.hand_out(id, rounded, size))
+    }
+
+    /// Rule 7: garbage collection, a new segment, oversize release, full release and retry.
+    fn allocate_when_uncached(
+        &mut self,
+        pool: Pool,
+        stream: StreamId,
+        alloc_size: u64,
+        rounded: u64,
+    ) -> Result<Option<BlockId>, Error> {
+        if self.gc_enabled() {
+            self.garbage_collect()?;
+        }
+        if let Some(id) = self.alloc_segment(pool, stream, alloc_size, false)? {
+            return Ok(Some(id));
+        }
+        if self.release_oversize(pool, stream, rounded)? {
+            if let Some(id) = self.alloc_segment(pool, stream, alloc_size, false)? {
+                return Ok(Some(id));
+            }
+        }
+        self.release_cached()?;
+        self.alloc_segment(pool, stream, alloc_size, true)
+    }
+
+    fn out_of_memory(&mut self, requested: u64, alloc_size: u64) -> Error {
+        let info = match self.backend.mem_info() {
+            Ok(info) => info,
+            Err(e) => return Error::Backend(e),
+        };
+        self.stats.num_ooms += 1;
+        let allocated = self.stats.allocated_bytes.all.current as u64;
+        Error::OutOfMemory(Box::new(OutOfMemory {
+            device: self.device,
+            requested,
+            alloc_size,
+            capacity: info.total,
+            device_free: info.free,
+            allowed: self.allowed_max,
+            allocated,
+            reserved_unallocated: self.reserved - allocated,
+        }))
+    }
+
+    /// Rule 6: the smallest `(size, address)` free block of the stream that fits, unless the
+    /// oversize rules forbid it. Removes it from the free set.
+    fn get_free_block(&mut self, pool: Pool, stream: StreamId, rounded: u64) -> Option<BlockId> {
+        let p = pool.index();
+        if self.gc_enabled() {
+            self.searches[p] += 1;
+        }
+        let key = *self.free[p].range((stream, rounded, 0, 0)..).next()?;
+        let (s, size, _, id) = key;
+        if s != stream {
+            return None;
+        }
+        let max_split = self.settings.max_split_size;
+        if rounded < max_split && size >= max_split {
+            return None;
+        }
+        if rounded >= max_split
+            && size >= rounded.saturating_add(self.settings.max_non_split_rounding_size)
+        {
+            return None;
+        }
+        self.free[p].remove(&key);
+        Some(id)
+    }
+
+    /// Rule 8: a new segment as one block (not in the free set), or `None` on out-of-memory.
+    fn alloc_segment(
+        &mut self,
+        pool: Pool,
+        stream: StreamId,
+        size: u64,
+        is_retry: bool,
+    ) -> Result<Option<BlockId>, Error> {
+        if is_retry {
+            self.stats.num_alloc_retries += 1;
+        }
+        if let Some(allowed) = self.allowed_max {
+            if self.reserved.saturating_add(size) > allowed {
+                return Ok(None);
+            }
+        }
+        let address = match self.backend.allocate(size) {
+            Ok(a) => a,
+            Err(BackendError::OutOfMemory) => return Ok(None),
+            Err(e) => return Err(Error::Backend(e)),
+        };
+        self.reserved += size;
+        self.stats.segment.increase(pool, 1);
+        self.stats.reserved_bytes.increase(pool, size);
+        if size >= self.settings.max_split_size {
+            self.stats.oversize_segments.increase(1);
+        }
+        self.stats.num_device_alloc += 1;
+        let id = self.blocks.insert(Block {
+            address,
+            size,
+            requested: 0,
+            stream,
+            pool,
+            prev: None,
+            next: None,
+            state: BlockState::Free,
+            event_count: 0,
+            stream_uses: Vec::new(),
+            gc_base: self.searches[pool.index()],
+        });
+        Ok(Some(id))
+    }
+
+    /// Rules 13 and 14: split the found block if worthwhile and hand out its lower part.
+    fn hand_out(&mut self, id: BlockId, rounded: u64, requested: u64) -> u64 {
+        let max_split = self.settings.max_split_size;
+        let gc_base;
+        let (pool, already_split, remaining, stream, address, next) = {
+            let b = self.blocks.get(id);
+            gc_base = self.searches[b.pool.index()];
+            (
+                b.pool,
+                b.is_split(),
+                b.size - rounded,
+                b.stream,
+                b.address,
+                b.next,
+            )
+        };
+        let split = match pool {
+            Pool::Small => remaining >= MIN_BLOCK_SIZE,
+            Pool::Large => rounded < max_split && remaining > SMALL_SIZE,
+        };
+        if split {
+            let rest = self.blocks.insert(Block {
+                address: address + rounded,
+                size: remaining,
+                requested: 0,
+                stream,
+                pool,
+                prev: Some(id),
+                next,
+                state: BlockState::Free,
+                event_count: 0,
+                stream_uses: Vec::new(),
+                gc_base,
+            });
+            if let Some(n) = next {
+                self.blocks.get_mut(n).prev = Some(rest);
+            }
+            let b = self.blocks.get_mut(id);
+            b.next = Some(rest);
+            b.size = rounded;
+            self.free[pool.index()].insert((stream, remaining, address + rounded, rest));
+            if already_split {
+                // An inactive split block shrinks by the part handed out.
+                self.stats.inactive_split_bytes.decrease(pool, rounded);
+            } else {
+                // A whole segment becomes split: its remainder is a new inactive split block.
+                self.stats.inactive_split_bytes.increase(pool, remaining);
+                self.stats.inactive_split.increase(pool, 1);
+            }
+        } else if already_split {
+            let size = self.blocks.get(id).size;
+            self.stats.inactive_split_bytes.decrease(pool, size);
+            self.stats.inactive_split.decrease(pool, 1);
+        }
+        let b = self.blocks.get_mut(id);
+        b.state = BlockState::Allocated;
+        b.requested = requested;
+        let size = b.size;
+        self.live.insert(address, id);
+        let s = &mut self.stats;
+        s.allocation.increase(pool, 1);
+        s.allocated_bytes.increase(pool, size);
+        s.active.increase(pool, 1);
+        s.active_bytes.increase(pool, size);
+        s.requested_bytes.increase(pool, requested);
+        if size >= max_split {
+            s.oversize_allocations.increase(1);
+        }
+        address
+    }
+
+    /// Rule 15: the user frees the block at `address`. Address 0 is a no-op; an address that
+    /// is not a live allocation is an error and changes nothing.
+    pub fn free(&mut self, address: u64) -> Result<(), Error> {
+        if address == 0 {
+            return Ok(());
+        }
+        let id = *self
+            .live
+            .get(&address)
+            .ok_or(Error::UnknownPointer { address })?;
+        let mut uses = std::mem::take(&mut self.blocks.get_mut(id).stream_uses);
+        uses.sort_unstable();
+        uses.dedup();
+        let mut recorded = Vec::with_capacity(uses.len());
+        for &s in &uses {
+            match self.backend.record_event(s) {
+                Ok(e) => recorded.push((s, e)),
+                Err(err) => {
+                    // Undo: the block stays allocated with its uses, as if free was never called.
+                    for (_, e) in recorded {
+                        self.backend.destroy_event(e);
+                    }
+                    self.blocks.get_mut(id).stream_uses = uses;
+                    return Err(Error::Backend(err));
+                }
+            }
+        }
+        self.live.remove(&address);
+        let (pool, size) = {
+            let b = self.blocks.get(id);
+            (b.pool, b.size)
+        };
+        self.stats.allocation.decrease(pool, 1);
+        self.stats.allocated_bytes.decrease(pool, size);
+        if size >= self.settings.max_split_size {
+            self.stats.oversize_allocations.decrease(1);
+        }
+        if recorded.is_empty() {
+            self.return_to_pool(id);
+        } else {
+            let b = self.blocks.get_mut(id);
+            b.state = BlockState::Pending;
+            b.event_count = recorded.len() as u32;
+            for (s, e) in recorded {
+                self.events.entry(s).or_default().push_back((e, id));
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks the allocated block at `address` as used on `stream`: when freed, it is not reused
+    /// until the work queued on `stream` by then has completed.
+    pub fn record_stream(&mut self, address: u64, stream: StreamId) -> Result<(), Error> {
+        let id = *self
+            .live
+            .get(&address)
+            .ok_or(Error::UnknownPointer { address })?;
+        let b = self.blocks.get_mut(id);
+        if b.stream != stream && !b.stream_uses.contains(&stream) {
+            b.stream_uses.push(stream);
+        }
+        Ok(())
+    }
+
+    /// Rule 10: merge with free neighbours and enter the free set.
+    fn return_to_pool(&mut self, id: BlockId) {
+        let (pool, original_size, requested, prev, next) = {
+            let b = self.blocks.get(id);
+            (b.pool, b.size, b.requested, b.prev, b.next)
+        };
+        let p = pool.index();
+        let mut net_blocks: i64 = 0;
+        let mut net_bytes: i64 = 0;
+        if let Some(pid) = prev.filter(|&n| self.blocks.get(n).state == BlockState::Free) {
+            let src = self.blocks.remove(pid);
+            self.free[p].remove(&(src.stream, src.size, src.address, pid));
+            let b = self.blocks.get_mut(id);
+            b.address = src.address;
+            b.size += src.size;
+            b.prev = src.prev;
+            if let Some(pp) = src.prev {
+                self.blocks.get_mut(pp).next = Some(id);
+            }
+            net_blocks -= 1;
+            net_bytes -= src.size as i64;
+        }
+        if let Some(nid) = next.filter(|&n| self.blocks.get(n).state == BlockState::Free) {
+            let src = self.blocks.remove(nid);
+            self.free[p].remove(&(src.stream, src.size, src.address, nid));
+            let b = self.blocks.get_mut(id);
+            b.size += src.size;
+            b.next = src.next;
+            if let Some(nn) = src.next {
+                self.blocks.get_mut(nn).prev = Some(id);
+            }
+            net_blocks -= 1;
+            net_bytes -= src.size as i64;
+        }
+        let gc_base = self.searches[p];
+        let b = self.blocks.get_mut(id);
+        b.state = BlockState::Free;
+        b.requested = 0;
+        b.event_count = 0;
+        b.stream_uses.clear();
+        b.gc_base = gc_base;
+        if b.is_split() {
+            net_blocks += 1;
+            net_bytes += b.size as i64;
+        }
+        let key = (b.stream, b.size, b.address, id);
+        self.free[p].insert(key);
+        let s = &mut self.stats;
+        apply_net(&mut s.inactive_split, pool, net_blocks);
+        apply_net(&mut s.inactive_split_bytes, pool, net_bytes);
+        s.active.decrease(pool, 1);
+        s.active_bytes.decrease(pool, original_size);
+        s.requested_bytes.decrease(pool, requested);
+    }
+
+    /// Rule 5: return the blocks whose events have all completed.
+    fn process_events(&mut self) -> Result<(), Error> {
+        let streams: Vec<StreamId> = self.events.keys().copied().collect();
+        for stream in streams {
+            loop {
+                let Some(&(event, id)) = self.events.get(&stream).and_then(|q| q.front()) else {
+                    break;
+                };
+                if !self.backend.query_event(event)? {
+                    break;
+                }
+                self.retire_event(stream, event, id);
+            }
+        }
+        Ok(())
+    }
+
+    fn retire_event(&mut self, stream: StreamId, event: EventId, id: BlockId) {
+        if let Some(q) = self.events.get_mut(&stream) {
+            q.pop_front();
+            if q.is_empty() {
+                self.events.remove(&stream);
+            }
+        }
+        self.backend.destroy_event(event);
+        let b = self.blocks.get_mut(id);
+        b.event_count -= 1;
+        if b.event_count == 0 {
+            self.return_to_pool(id);
+        }
+    }
+
+    /// Rule 9: wait for every outstanding event, then give every whole free segment back.
+    pub fn empty_cache(&mut self) -> Result<(), Error> {
+        self.release_cached()
+    }
+
+    fn release_cached(&mut self) -> Result<(), Error> {
+        self.stats.num_sync_all_streams += 1;
+        let streams: Vec<StreamId> = self.events.keys().copied().collect();
+        for stream in streams {
+            while let Some(&(event, id)) = self.events.get(&stream).and_then(|q| q.front()) {
+                self.backend.synchronize_event(event)?;
+                self.retire_event(stream, event, id);
+            }
+        }
+        self.release_whole_segments(Pool::Large)?;
+        self.release_whole_segments(Pool::Small)
+    }
+
+    fn release_whole_segments(&mut self, pool: Pool) -> Result<(), Error> {
+        let whole: Vec<BlockId> = self.free[pool.index()]
+            .iter()
+            .map(|k| k.3)
+            .filter(|&id| !self.blocks.get(id).is_split())
+            .collect();
+        for id in whole {
+            self.release_segment(id)?;
+        }
+        Ok(())
+    }
+
+    /// Gives a free, whole-segment block back to the device.
+    fn release_segment(&mut self, id: BlockId) -> Result<(), Error> {
+        let (address, size, pool, stream) = {
+            let b = self.blocks.get(id);
+            debug_assert!(!b.is_split() && b.state == BlockState::Free);
+            (b.address, b.size, b.pool, b.stream)
+        };
+        self.backend.free(address, size)?;
+        self.stats.num_device_free += 1;
+        self.free[pool.index()].remove(&(stream, size, address, id));
+        self.blocks.remove(id);
+        self.reserved -= size;
+        self.stats.segment.decrease(pool, 1);
+        self.stats.reserved_bytes.decrease(pool, size);
+        if size >= self.settings.max_split_size {
+            self.stats.oversize_segments.decrease(1);
+        }
+        Ok(())
+    }
+
+    /// Rule 11: release one oversize block that is large enough, or the largest ones until
+    /// enough is released. True when that succeeded.
+    fn release_oversize(
+        &mut self,
+        pool: Pool,
+        stream: StreamId,
+        rounded: u64,
+    ) -> Result<bool, Error> {
+        let max_split = self.settings.max_split_size;
+        if max_split == u64::MAX {
+            return Ok(false);
+        }
+        let target = rounded.max(max_split);
+        let first = self.free[pool.index()]
+            .range((stream, target, 0, 0)..)
+            .next()
+            .copied();
+        if let Some((s, _, _, id)) = first {
+            if s == stream {
+                self.release_segment(id)?;
+                return Ok(true);
+            }
+        }
+        let mut chosen = Vec::new();
+        let mut total = 0u64;
+        for &(s, size, _, id) in self.free[pool.index()]
+            .range(..(stream, target, 0, 0))
+            .rev()
+        {
+            if total >= target || size < max_split || s != stream {
+                break;
+            }
+            chosen.push(id);
+            total += size;
+        }
+        for id in chosen {
+            self.release_segment(id)?;
+        }
+        Ok(total >= target)
+    }
+
+    /// Rule 12: release old whole free segments of the large pool until reserved memory is
+    /// back under the garbage-collection threshold.
+    fn garbage_collect(&mut self) -> Result<(), Error> {
+        let allowed = self.allowed_max.unwrap_or(0);
+        let threshold = (self.settings.garbage_collection_threshold * allowed as f64) as u64;
+        if self.reserved <= threshold {
+            return Ok(());
+        }
+        let target = self.reserved - threshold;
+        let now = self.searches[Pool::Large.index()];
+        let age = |b: &Block| now - b.gc_base;
+        let mut total_age = 0u64;
+        let mut count = 0u64;
+        for k in &self.free[Pool::Large.index()] {
+            let b = self.blocks.get(k.3);
+            if !b.is_split() {
+                total_age += age(b);
+                count += 1;
+            }
+        }
+        let mut reclaimed = 0u64;
+        let mut freed_any = true;
+        while reclaimed < target && freed_any && count > 0 {
+            let mean = total_age as f64 / count as f64;
+            freed_any = false;
+            let old: Vec<(BlockId, u64, u64)> = self.free[Pool::Large.index()]
+                .iter()
+                .filter_map(|k| {
+                    let b = self.blocks.get(k.3);
+                    (!b.is_split() && age(b) as f64 >= mean).then_some((k.3, b.size, age(b)))
+                })
+                .collect();
+            for (id, size, a) in old {
+                self.release_segment(id)?;
+                freed_any = true;
+                reclaimed += size;
+                total_age -= a;
+                count -= 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// The segments and their blocks, by address.
+    pub fn segments(&self) -> Vec<SegmentInfo> {
+        let mut out: Vec<SegmentInfo> = self
+            .blocks
+            .iter()
+            .filter(|(_, b)| b.prev.is_none())
+            .map(|(head, b)| {
+                let mut blocks = Vec::new();
+                let mut cur = Some(head);
+                while let Some(id) = cur {
+                    let x = self.blocks.get(id);
+                    blocks.push(BlockInfo {
+                        address: x.address,
+                        size: x.size,
+                        requested: x.requested,
+                        state: x.state,
+                    });
+                    cur = x.next;
+                }
+                SegmentInfo {
+                    address: b.address,
+                    size: blocks.iter().map(|x| x.size).sum(),
+                    stream: b.stream,
+                    pool: b.pool,
+                    blocks,
+                }
+            })
+            .collect();
+        out.sort_by_key(|s| s.address);
+        out
+    }
+
+    /// Checks every invariant of the state; an `Err` names the first one broken.
+    ///
+    /// Blocks tile each segment exactly; free-set membership matches the free state; no two
+    /// free neighbours are left unmerged; live blocks are 512-aligned and do not overlap;
+    /// pending blocks have as many queued events as they wait for; and every statistic's
+    /// current value equals its value recomputed from the blocks.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        crate::invariants::check(self)
+    }
+
+    pub(crate) fn parts(&self) -> CoreParts<'_> {
+        CoreParts {
+            blocks: &self.blocks,
+            free: &self.free,
+            live: &self.live,
+            events: &self.events,
+            stats: &self.stats,
+            reserved: self.reserved,
+            max_split: self.settings.max_split_size,
+        }
+    }
+}
+
+/// Read-only access to the core's structures for the invariant checker.
+pub(crate) struct CoreParts<'a> {
+    pub blocks: &'a Slab,
+    pub free: &'a [BTreeSet<FreeKey>; 2],
+    pub live: &'a FxHashMap<u64, BlockId>,
+    pub events: &'a BTreeMap<StreamId, VecDeque<(EventId, BlockId)>>,
+    pub stats: &'a Stats,
+    pub reserved: u64,
+    pub max_split: u64,
+}
+
+fn apply_net(stat: &mut crate::stats::StatArray, pool: Pool, net: i64) {
+    if net > 0 {
+        stat.increase(pool, net as u64);
+    } else if net < 0 {
+        stat.decrease(pool, net.unsigned_abs());
+    }
+}
