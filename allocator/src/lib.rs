@@ -23,16 +23,19 @@
 pub mod backend;
 mod block;
 pub mod error;
+mod frontend;
 mod invariants;
 pub mod policy;
 pub mod settings;
 pub mod sizes;
 pub mod stats;
+mod sync;
 
 pub use backend::sim::{Faults, SimDevice};
 pub use backend::{Backend, BackendError, EventId, MemInfo, StreamId};
 pub use block::BlockState;
 pub use error::{Error, OutOfMemory};
+pub use frontend::Allocator;
 pub use policy::{BlockInfo, CachingCore, SegmentInfo};
 pub use settings::{Settings, SettingsError};
 pub use stats::{Stat, StatArray, Stats};
