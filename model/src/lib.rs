@@ -1,1 +1,265 @@
-//! x
+//! `cachalot-model`: the executable specification of cachalot's caching-allocator policy.
+//!
+//! This crate is the oracle for the `cachalot` allocator. It implements the rules of
+//! ARCHITECTURE.md ("The policy", PyTorch 2.x `CUDACachingAllocator` semantics, and "The
+//! simulated device") as plainly as possible: a `Vec` of segments, each a `Vec` of blocks in
+//! address order, found by linear scans. The differential harness in `cachalot-tools` runs the
+//! same operations on both crates and compares, after every operation, the returned address or
+//! error, every statistic and the segment/block layout. The two crates share no code.
+//!
+//! Statistics are not updated incrementally as PyTorch does: after each sub-step of an
+//! operation the model recomputes every statistic's current value from its state and turns
+//! the difference into increases and decreases.
+//!
+//! Code comments name the rule of ARCHITECTURE.md each step implements ("Rule 13: split").
+
+mod config;
+mod device;
+mod invariants;
+mod policy;
+mod release;
+mod rules;
+mod state;
+mod stats;
+
+pub use config::{MAX_ALLOC_SIZE, ModelConfig, ModelError};
+pub use state::{BlockState, ModelBlock, ModelSegment};
+pub use stats::{Stat, StatArray, Stats};
+
+use device::Device;
+use state::{BlockState as State, Event, Segment};
+
+/// The reference model of the caching allocator, with its own simulated device.
+#[derive(Clone, Debug)]
+pub struct Model {
+    config: ModelConfig,
+    device: Device,
+    /// Every segment, sorted by address.
+    segments: Vec<Segment>,
+    /// Outstanding events in the order they were recorded; a stream's events, in this order,
+    /// are its FIFO.
+    events: Vec<Event>,
+    /// `⌊fraction × capacity⌋` once a memory fraction is set (rule 16).
+    allowed: Option<u64>,
+    /// The small pool's search counter (rule 6, for rule 12).
+    small_searches: u64,
+    /// The large pool's search counter (rule 6, for rule 12).
+    large_searches: u64,
+    stats: Stats,
+}
+
+impl Model {
+    /// A model with `config`'s settings and an empty device.
+    ///
+    /// # Panics
+    /// If `config.memory_fraction` is outside `[0, 1]` or NaN.
+    pub fn new(config: ModelConfig) -> Model {
+        let device = Device::new(config.capacity, config.address_script.clone());
+        let fraction = config.memory_fraction;
+        let mut model = Model {
+            config,
+            device,
+            segments: Vec::new(),
+            events: Vec::new(),
+            allowed: None,
+            small_searches: 0,
+            large_searches: 0,
+            stats: Stats::default(),
+        };
+        if let Some(fraction) = fraction {
+            model
+                .set_memory_fraction(fraction)
+                .expect("ModelConfig::memory_fraction must be within [0, 1]");
+        }
+        model
+    }
+
+    /// Allocates `size` bytes on `stream`: the block's address, 0 for a zero-size request.
+    pub fn malloc(&mut self, size: u64, stream: u64) -> Result<u64, ModelError> {
+        // Rule 1: zero-size and too-large requests touch nothing.
+        if size == 0 {
+            return Ok(0);
+        }
+        if size > MAX_ALLOC_SIZE {
+            return Err(ModelError::TooLarge { requested: size });
+        }
+        // Rule 5: process completed events first.
+        self.process_events();
+        // Rules 2, 3.
+        let rounded = rules::round_size(size, &self.config.roundup_power2_divisions);
+        let pool = rules::pool_for(rounded);
+        // Rule 6, else rule 7.
+        let address = match self.best_fit(pool, stream, rounded) {
+            Some(address) => address,
+            None => self.make_block(pool, stream, rounded)?,
+        };
+        // Rules 13, 14.
+        Ok(self.hand_out(address, rounded, size))
+    }
+
+    /// Frees the allocation at `address` (rule 15). Address 0 is a no-op.
+    pub fn free(&mut self, address: u64) -> Result<(), ModelError> {
+        // Rule 1: freeing the null address does nothing.
+        if address == 0 {
+            return Ok(());
+        }
+        let (s, b) = self.live_allocation(address)?;
+        self.free_allocation(s, b);
+        Ok(())
+    }
+
+    /// Records that `stream` uses the allocation at `address`, so that freeing it waits for
+    /// `stream`'s work (rule 15). Using it on its own stream is a no-op; address 0 is a no-op.
+    pub fn record_stream(&mut self, address: u64, stream: u64) -> Result<(), ModelError> {
+        if address == 0 {
+            return Ok(());
+        }
+        let (s, b) = self.live_allocation(address)?;
+        if self.segments[s].stream == stream {
+            return Ok(());
+        }
+        let uses = &mut self.segments[s].blocks[b].stream_uses;
+        if !uses.contains(&stream) {
+            uses.push(stream);
+            uses.sort_unstable();
+        }
+        Ok(())
+    }
+
+    /// Completes every event recorded on `stream` so far (later ones are not). Blocks are not
+    /// returned here: that happens at the next malloc (rule 5) or at `empty_cache` (rule 9).
+    pub fn complete_stream(&mut self, stream: u64) {
+        for event in self.events.iter_mut().filter(|e| e.stream == stream) {
+            event.complete = true;
+        }
+    }
+
+    /// Waits for all events and gives every cached whole segment back to the device (rule 9).
+    pub fn empty_cache(&mut self) {
+        self.release_cached_segments();
+    }
+
+    /// Caps reserved bytes at `⌊fraction × capacity⌋` (rule 16). The product is computed in
+    /// `f64` and truncated, as PyTorch does.
+    pub fn set_memory_fraction(&mut self, fraction: f64) -> Result<(), ModelError> {
+        if !(0.0..=1.0).contains(&fraction) {
+            return Err(ModelError::InvalidFraction { fraction });
+        }
+        self.allowed = Some((fraction * self.device.capacity() as f64) as u64);
+        Ok(())
+    }
+
+    /// Makes the next `n` device allocation attempts report out-of-memory, replacing any
+    /// earlier count. Attempts stopped by the memory fraction never reach the device and do
+    /// not count.
+    pub fn fail_next_device_allocs(&mut self, n: u32) {
+        self.device.fail_next(n);
+    }
+
+    /// The settings the model was made with.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// Every statistic.
+    pub fn stats(&self) -> Stats {
+        self.stats.clone()
+    }
+
+    /// Every segment, sorted by address, with its blocks in address order.
+    pub fn layout(&self) -> Vec<ModelSegment> {
+        self.segments.iter().map(Segment::view).collect()
+    }
+
+    /// Bytes the simulated device has handed out and not had back.
+    pub fn device_used(&self) -> u64 {
+        self.device.used()
+    }
+
+    /// The position of the allocated block starting at `address`, or `UnknownAddress`.
+    fn live_allocation(&self, address: u64) -> Result<(usize, usize), ModelError> {
+        match state::find_block(&self.segments, address) {
+            Some((s, b)) if self.segments[s].blocks[b].state == State::Allocated => Ok((s, b)),
+            _ => Err(ModelError::UnknownAddress { address }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn model() -> Model {
+        Model::new(ModelConfig::pytorch_defaults(1 << 30))
+    }
+
+    #[test]
+    fn zero_size_requests_return_null_and_touch_nothing() {
+        let mut model = model();
+        assert_eq!(model.malloc(0, 0), Ok(0));
+        assert_eq!(model.free(0), Ok(()));
+        assert_eq!(model.stats(), Stats::default());
+        assert!(model.layout().is_empty());
+    }
+
+    #[test]
+    fn requests_above_two_to_the_sixty_are_too_large() {
+        let mut model = model();
+        let size = MAX_ALLOC_SIZE + 1;
+        assert_eq!(
+            model.malloc(size, 0),
+            Err(ModelError::TooLarge { requested: size })
+        );
+        assert_eq!(model.stats(), Stats::default());
+    }
+
+    #[test]
+    fn freeing_an_unknown_or_inner_address_is_an_error() {
+        let mut model = model();
+        let a = model.malloc(4096, 0).unwrap();
+        assert_eq!(
+            model.free(a + 512),
+            Err(ModelError::UnknownAddress { address: a + 512 })
+        );
+        model.free(a).unwrap();
+        assert_eq!(
+            model.free(a),
+            Err(ModelError::UnknownAddress { address: a })
+        );
+        assert_eq!(
+            model.record_stream(a, 1),
+            Err(ModelError::UnknownAddress { address: a })
+        );
+        model.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn memory_fractions_outside_zero_to_one_are_rejected() {
+        let mut model = model();
+        for fraction in [-0.1, 1.5, f64::NAN] {
+            assert!(matches!(
+                model.set_memory_fraction(fraction),
+                Err(ModelError::InvalidFraction { .. })
+            ));
+        }
+        assert_eq!(model.set_memory_fraction(0.5), Ok(()));
+        assert_eq!(model.allowed, Some(512 * MIB));
+    }
+
+    #[test]
+    fn the_layout_lists_segments_by_address_with_blocks_in_order() {
+        let mut model = model();
+        let a = model.malloc(MIB + 1, 0).unwrap();
+        let b = model.malloc(100, 0).unwrap();
+        let layout = model.layout();
+        assert_eq!(layout.len(), 2);
+        assert!(layout[0].address < layout[1].address);
+        assert_eq!(layout[0].blocks[0].address, a);
+        assert_eq!(layout[0].blocks[0].requested, MIB + 1);
+        assert_eq!(layout[0].blocks[1].requested, 0);
+        assert_eq!(layout[1].blocks[0].address, b);
+        assert!(layout[1].small);
+    }
+}

@@ -1,0 +1,93 @@
+//! The model's settings and its errors.
+
+use thiserror::Error;
+
+/// Requests above this many bytes fail with [`ModelError::TooLarge`] (rule 1).
+pub const MAX_ALLOC_SIZE: u64 = 1 << 60;
+
+/// The settings of a [`Model`](crate::Model) and of its simulated device.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    /// The simulated device's capacity in bytes.
+    pub capacity: u64,
+    /// Blocks of at least this size are never split and are not handed out for smaller
+    /// requests; `u64::MAX` means unlimited (PyTorch's default). PyTorch only accepts values
+    /// above 20 MiB.
+    pub max_split_size: u64,
+    /// How much larger than a request of at least `max_split_size` a cached block may be and
+    /// still be handed out (rule 6). PyTorch's default is 20 MiB.
+    pub max_non_split_rounding_size: u64,
+    /// The fraction of the allowed maximum above which garbage collection runs (rule 12);
+    /// `0.0` turns it off. It only runs while a memory fraction is set.
+    pub garbage_collection_threshold: f64,
+    /// Power-of-two divisions for rounding (rule 2): entry `i` covers sizes in
+    /// `[2^(20+i), 2^(21+i))`, the first and last entries also below and above. All zero
+    /// turns it off.
+    pub roundup_power2_divisions: [u64; 16],
+    /// A memory fraction set at start, as by [`Model::set_memory_fraction`](crate::Model::set_memory_fraction).
+    pub memory_fraction: Option<f64>,
+    /// Addresses the simulated device hands out first, in order, one per successful device
+    /// allocation.
+    pub address_script: Vec<u64>,
+}
+
+impl ModelConfig {
+    /// PyTorch's default settings on a device of `capacity` bytes: no split limit, 20 MiB
+    /// non-split rounding, no garbage collection, no power-of-two rounding, no memory
+    /// fraction, no address script.
+    pub fn pytorch_defaults(capacity: u64) -> Self {
+        ModelConfig {
+            capacity,
+            max_split_size: u64::MAX,
+            max_non_split_rounding_size: 20 << 20,
+            garbage_collection_threshold: 0.0,
+            roundup_power2_divisions: [0; 16],
+            memory_fraction: None,
+            address_script: Vec::new(),
+        }
+    }
+}
+
+/// Why an operation of the model failed. A failed operation may still have changed the state
+/// (an out-of-memory malloc has released cached segments on its way).
+#[derive(Clone, Debug, PartialEq, Error)]
+pub enum ModelError {
+    /// No block could be found or made for the request (rule 7).
+    #[error(
+        "out of memory: tried to allocate {alloc_size} bytes; device capacity {capacity} bytes, \
+         {device_free} bytes free; {allowed:?} bytes allowed; {allocated} bytes allocated; \
+         {reserved_unallocated} bytes reserved but unallocated"
+    )]
+    OutOfMemory {
+        /// The size of the segment the allocator tried to allocate (rule 4).
+        alloc_size: u64,
+        /// The device's capacity.
+        capacity: u64,
+        /// The device's free memory at the time of the error: capacity − used.
+        device_free: u64,
+        /// `⌊fraction × capacity⌋` when a memory fraction is set.
+        allowed: Option<u64>,
+        /// `allocated_bytes.all.current`.
+        allocated: u64,
+        /// `reserved_bytes.all.current − allocated_bytes.all.current`.
+        reserved_unallocated: u64,
+    },
+    /// The request is above [`MAX_ALLOC_SIZE`] (rule 1).
+    #[error("request of {requested} bytes exceeds the largest allocation (2^60 bytes)")]
+    TooLarge {
+        /// The requested size.
+        requested: u64,
+    },
+    /// The address is not that of a live allocation (rule 15, `record_stream`).
+    #[error("address {address:#x} is not a live allocation")]
+    UnknownAddress {
+        /// The address given.
+        address: u64,
+    },
+    /// A memory fraction outside `[0, 1]`, or NaN (rule 16).
+    #[error("invalid memory fraction {fraction}: must be within [0, 1]")]
+    InvalidFraction {
+        /// The fraction given.
+        fraction: f64,
+    },
+}

@@ -1,0 +1,172 @@
+//! The simulated device (ARCHITECTURE.md, "The simulated device").
+//!
+//! A capacity in bytes; an allocation succeeds when `used + size ≤ capacity` and the device
+//! is not told to fail; its address is the next one of the address script when one is left,
+//! else the lowest address at or above [`DEVICE_BASE`], aligned to 2 MiB, whose range overlaps
+//! no live allocation. The device keeps its own list of live allocations, so that the
+//! invariant checker can compare it with the model's segments.
+
+/// The lowest address the device hands out when no script address is left.
+pub(crate) const DEVICE_BASE: u64 = 0x7f00_0000_0000;
+/// The alignment of addresses the device picks itself (2 MiB).
+pub(crate) const DEVICE_ALIGNMENT: u64 = 2 << 20;
+
+/// The simulated device.
+#[derive(Clone, Debug)]
+pub(crate) struct Device {
+    capacity: u64,
+    /// The script addresses not yet handed out, in order.
+    script: Vec<u64>,
+    /// How many of the next allocation attempts must report out-of-memory.
+    failures_ahead: u32,
+    /// Live allocations as `(address, size)`, in allocation order.
+    live: Vec<(u64, u64)>,
+}
+
+/// Whether `[a, a + a_size)` and `[b, b + b_size)` share a byte.
+pub(crate) fn overlaps(a: u64, a_size: u64, b: u64, b_size: u64) -> bool {
+    let (a, a_end) = (u128::from(a), u128::from(a) + u128::from(a_size));
+    let (b, b_end) = (u128::from(b), u128::from(b) + u128::from(b_size));
+    a < b_end && b < a_end
+}
+
+impl Device {
+    /// A device of `capacity` bytes that hands out `script` first.
+    pub(crate) fn new(capacity: u64, script: Vec<u64>) -> Device {
+        Device {
+            capacity,
+            script,
+            failures_ahead: 0,
+            live: Vec::new(),
+        }
+    }
+
+    /// The device's capacity in bytes.
+    pub(crate) fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Bytes handed out and not freed.
+    pub(crate) fn used(&self) -> u64 {
+        self.live.iter().map(|&(_, size)| size).sum()
+    }
+
+    /// The live allocations as `(address, size)`.
+    pub(crate) fn live(&self) -> &[(u64, u64)] {
+        &self.live
+    }
+
+    /// Makes the next `n` allocation attempts report out-of-memory.
+    pub(crate) fn fail_next(&mut self, n: u32) {
+        self.failures_ahead = n;
+    }
+
+    /// Allocates `size` bytes: the address, or `None` for out-of-memory.
+    pub(crate) fn allocate(&mut self, size: u64) -> Option<u64> {
+        if self.failures_ahead > 0 {
+            self.failures_ahead -= 1;
+            return None;
+        }
+        if size > self.capacity - self.used() {
+            return None;
+        }
+        let address = if self.script.is_empty() {
+            self.lowest_unused_address(size)
+        } else {
+            self.script.remove(0)
+        };
+        self.live.push((address, size));
+        Some(address)
+    }
+
+    /// Frees the allocation at `address`.
+    ///
+    /// # Panics
+    /// If `address` is not a live allocation (the model never does this).
+    pub(crate) fn free(&mut self, address: u64) {
+        let index = self
+            .live
+            .iter()
+            .position(|&(a, _)| a == address)
+            .expect("device free of an address that is not live");
+        self.live.remove(index);
+    }
+
+    /// The lowest 2 MiB-aligned address at or above [`DEVICE_BASE`] where `size` bytes
+    /// overlap no live allocation. That address is either the base itself or the end of some
+    /// live allocation rounded up to 2 MiB, so only those candidates are tried.
+    fn lowest_unused_address(&self, size: u64) -> u64 {
+        let mut candidates = vec![DEVICE_BASE];
+        for &(address, live_size) in &self.live {
+            let end = address.saturating_add(live_size);
+            let aligned = end
+                .div_ceil(DEVICE_ALIGNMENT)
+                .saturating_mul(DEVICE_ALIGNMENT);
+            if aligned >= DEVICE_BASE {
+                candidates.push(aligned);
+            }
+        }
+        candidates.sort_unstable();
+        candidates
+            .into_iter()
+            .find(|&candidate| {
+                self.live
+                    .iter()
+                    .all(|&(address, live_size)| !overlaps(candidate, size, address, live_size))
+            })
+            .expect("the address space is exhausted")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn addresses_start_at_the_base_and_pack_in_two_mebibyte_steps() {
+        let mut device = Device::new(1 << 30, Vec::new());
+        assert_eq!(device.allocate(20 * MIB), Some(DEVICE_BASE));
+        assert_eq!(device.allocate(3 * MIB), Some(DEVICE_BASE + 20 * MIB));
+        assert_eq!(device.allocate(2 * MIB), Some(DEVICE_BASE + 24 * MIB));
+        assert_eq!(device.used(), 25 * MIB);
+    }
+
+    #[test]
+    fn a_freed_range_is_reused_when_the_request_fits() {
+        let mut device = Device::new(1 << 30, Vec::new());
+        let a = device.allocate(4 * MIB).unwrap();
+        let _b = device.allocate(4 * MIB).unwrap();
+        device.free(a);
+        assert_eq!(device.allocate(6 * MIB), Some(DEVICE_BASE + 8 * MIB));
+        assert_eq!(device.allocate(2 * MIB), Some(DEVICE_BASE));
+    }
+
+    #[test]
+    fn script_addresses_come_first_in_order() {
+        let mut device = Device::new(1 << 30, vec![0x1000_0000, 0x2000_0000]);
+        assert_eq!(device.allocate(MIB), Some(0x1000_0000));
+        assert_eq!(device.allocate(MIB), Some(0x2000_0000));
+        assert_eq!(device.allocate(MIB), Some(DEVICE_BASE));
+    }
+
+    #[test]
+    fn allocation_fails_beyond_capacity() {
+        let mut device = Device::new(10 * MIB, Vec::new());
+        assert!(device.allocate(6 * MIB).is_some());
+        assert_eq!(device.allocate(6 * MIB), None);
+        assert!(device.allocate(4 * MIB).is_some());
+        assert_eq!(device.used(), 10 * MIB);
+    }
+
+    #[test]
+    fn told_failures_are_spent_one_per_attempt() {
+        let mut device = Device::new(10 * MIB, vec![0x4000_0000]);
+        device.fail_next(2);
+        assert_eq!(device.allocate(MIB), None);
+        assert_eq!(device.allocate(MIB), None);
+        // A failed attempt does not use up a script address.
+        assert_eq!(device.allocate(MIB), Some(0x4000_0000));
+    }
+}

@@ -1,0 +1,244 @@
+//! Finding, making, handing out and taking back blocks: rules 5, 6, 7, 8, 10, 13, 14 and 15.
+//! Giving memory back to the device (rules 9, 11, 12) is in `release.rs`.
+//!
+//! Every sub-step that changes what the statistics measure ends with `settle_stats`, which
+//! recomputes the statistics from the state and records the difference.
+
+use crate::rules::{self, Pool};
+use crate::state::{self, Block, BlockState, Event, Segment};
+use crate::stats::Gauges;
+use crate::{Model, ModelError};
+
+impl Model {
+    /// Ends a sub-step: recomputes every statistic's current value from the state and turns
+    /// the difference into increases and decreases.
+    pub(crate) fn settle_stats(&mut self) {
+        let gauges = Gauges::measure(&self.segments, self.config.max_split_size);
+        self.stats.settle(&gauges);
+    }
+
+    /// Bytes reserved: the sum of the segments' sizes.
+    pub(crate) fn reserved(&self) -> u64 {
+        self.segments.iter().map(|s| s.size).sum()
+    }
+
+    /// Whether garbage collection is on: a memory fraction is set and the threshold is
+    /// positive (rules 6, 7a).
+    pub(crate) fn garbage_collection_on(&self) -> bool {
+        self.allowed.is_some() && self.config.garbage_collection_threshold > 0.0
+    }
+
+    /// The search counter of `pool` (rule 6).
+    pub(crate) fn search_counter(&self, pool: Pool) -> u64 {
+        match pool {
+            Pool::Small => self.small_searches,
+            Pool::Large => self.large_searches,
+        }
+    }
+
+    /// The streams with outstanding events, ascending, each once.
+    pub(crate) fn streams_with_events(&self) -> Vec<u64> {
+        let mut streams: Vec<u64> = self.events.iter().map(|e| e.stream).collect();
+        streams.sort_unstable();
+        streams.dedup();
+        streams
+    }
+
+    /// Rule 5: for each stream with outstanding events, ascending, take its completed events
+    /// in recorded order up to the first one not complete.
+    pub(crate) fn process_events(&mut self) {
+        for stream in self.streams_with_events() {
+            while let Some(index) = self.events.iter().position(|e| e.stream == stream) {
+                if !self.events[index].complete {
+                    break;
+                }
+                let event = self.events.remove(index);
+                self.event_done(event.block);
+            }
+        }
+    }
+
+    /// Rules 5, 9: one event of the pending block at `address` is done; the last one returns
+    /// the block to the pool.
+    pub(crate) fn event_done(&mut self, address: u64) {
+        let (s, b) = state::find_block(&self.segments, address).expect("an event holds a block");
+        let block = &mut self.segments[s].blocks[b];
+        block.pending_events -= 1;
+        if block.pending_events == 0 {
+            self.return_to_pool(s, b);
+        }
+    }
+
+    /// Rule 6: the address of the best cached block for a request rounded to `rounded` bytes
+    /// on `stream`, if it may be used.
+    pub(crate) fn best_fit(&mut self, pool: Pool, stream: u64, rounded: u64) -> Option<u64> {
+        // Rule 6: with garbage collection on, every search counts.
+        if self.garbage_collection_on() {
+            match pool {
+                Pool::Small => self.small_searches += 1,
+                Pool::Large => self.large_searches += 1,
+            }
+        }
+        // The first entry of the free set at or after (stream, rounded, 0).
+        let free = state::free_set(&self.segments, pool);
+        let best = free.iter().find(|e| e.key() >= (stream, rounded, 0))?;
+        // No reuse across streams.
+        if best.stream != stream {
+            return None;
+        }
+        let max_split = self.config.max_split_size;
+        // A request below max_split_size does not take an oversize block.
+        if rounded < max_split && best.size >= max_split {
+            return None;
+        }
+        // An oversize request takes an oversize block only within the rounding allowance.
+        let allowance = u128::from(self.config.max_non_split_rounding_size);
+        if rounded >= max_split && u128::from(best.size) >= u128::from(rounded) + allowance {
+            return None;
+        }
+        Some(best.address)
+    }
+
+    /// Rule 7: no cached block fits; collect garbage, allocate a segment, release oversize
+    /// blocks and retry, release everything and retry, or fail with out-of-memory.
+    pub(crate) fn make_block(
+        &mut self,
+        pool: Pool,
+        stream: u64,
+        rounded: u64,
+    ) -> Result<u64, ModelError> {
+        // Rule 4.
+        let size = rules::segment_size(rounded);
+        // Rule 7a.
+        if self.garbage_collection_on() {
+            self.collect_garbage();
+        }
+        // Rule 7b.
+        if let Some(address) = self.allocate_segment(pool, stream, size) {
+            return Ok(address);
+        }
+        // Rule 7c.
+        if self.release_oversize_blocks(pool, stream, rounded)
+            && let Some(address) = self.allocate_segment(pool, stream, size)
+        {
+            return Ok(address);
+        }
+        // Rule 7d.
+        self.release_cached_segments();
+        self.stats.num_alloc_retries += 1;
+        if let Some(address) = self.allocate_segment(pool, stream, size) {
+            return Ok(address);
+        }
+        // Rule 7: everything failed.
+        self.stats.num_ooms += 1;
+        let allocated = self.stats.allocated_bytes.all.current as u64;
+        let reserved = self.stats.reserved_bytes.all.current as u64;
+        Err(ModelError::OutOfMemory {
+            alloc_size: size,
+            capacity: self.device.capacity(),
+            device_free: self.device.capacity() - self.device.used(),
+            allowed: self.allowed,
+            allocated,
+            reserved_unallocated: reserved - allocated,
+        })
+    }
+
+    /// Rule 8: a new segment of `size` bytes on `stream`, one free block, or `None` when the
+    /// memory fraction or the device refuses.
+    fn allocate_segment(&mut self, pool: Pool, stream: u64, size: u64) -> Option<u64> {
+        // Rule 8: the memory fraction stops the attempt before the device.
+        if let Some(allowed) = self.allowed
+            && u128::from(self.reserved()) + u128::from(size) > u128::from(allowed)
+        {
+            return None;
+        }
+        let address = self.device.allocate(size)?;
+        let segment = Segment {
+            address,
+            size,
+            stream,
+            pool,
+            blocks: vec![Block::free(address, size, self.search_counter(pool))],
+        };
+        let index = self.segments.partition_point(|s| s.address < address);
+        self.segments.insert(index, segment);
+        self.stats.num_device_alloc += 1;
+        self.settle_stats();
+        Some(address)
+    }
+
+    /// Rule 10: the block at position (`s`, `b`) returns to the pool, merging with free
+    /// neighbours; the merged block enters the free set now.
+    pub(crate) fn return_to_pool(&mut self, s: usize, b: usize) {
+        let now = self.search_counter(self.segments[s].pool);
+        let blocks = &mut self.segments[s].blocks;
+        let block = &mut blocks[b];
+        block.state = BlockState::Free;
+        block.requested = 0;
+        block.pending_events = 0;
+        let mut b = b;
+        // Merge with the previous block when it is free.
+        if b > 0 && blocks[b - 1].state == BlockState::Free {
+            let this = blocks.remove(b);
+            b -= 1;
+            blocks[b].size += this.size;
+        }
+        // Merge with the next block when it is free.
+        if b + 1 < blocks.len() && blocks[b + 1].state == BlockState::Free {
+            let next = blocks.remove(b + 1);
+            blocks[b].size += next.size;
+        }
+        blocks[b].free_since = now;
+        self.settle_stats();
+    }
+
+    /// Rules 13, 14: hands out the free block at `address` for a request of `requested` bytes
+    /// rounded to `rounded`, splitting it when rule 13 says so.
+    pub(crate) fn hand_out(&mut self, address: u64, rounded: u64, requested: u64) -> u64 {
+        let (s, b) = state::find_block(&self.segments, address).expect("a found block exists");
+        let pool = self.segments[s].pool;
+        let now = self.search_counter(pool);
+        let max_split = self.config.max_split_size;
+        let blocks = &mut self.segments[s].blocks;
+        // Rule 13: split; the allocated part takes the lower addresses and the remainder
+        // enters the free set now.
+        let size = blocks[b].size;
+        if rules::should_split(pool, size, rounded, max_split) {
+            blocks[b].size = rounded;
+            let remainder = Block::free(address + rounded, size - rounded, now);
+            blocks.insert(b + 1, remainder);
+        }
+        // Rule 14.
+        let block = &mut blocks[b];
+        block.state = BlockState::Allocated;
+        block.requested = requested;
+        self.settle_stats();
+        address
+    }
+
+    /// Rule 15: the user frees the allocated block at (`s`, `b`). It stops being an allocation
+    /// at once; then it waits for one event per other stream that used it, or returns to the
+    /// pool now.
+    pub(crate) fn free_allocation(&mut self, s: usize, b: usize) {
+        let block = &mut self.segments[s].blocks[b];
+        // Freed by the user: no longer allocated, still active until it returns to the pool.
+        block.state = BlockState::Pending;
+        let streams = std::mem::take(&mut block.stream_uses);
+        block.pending_events = streams.len();
+        let address = block.address;
+        self.settle_stats();
+        if streams.is_empty() {
+            // Rule 10.
+            self.return_to_pool(s, b);
+        } else {
+            // One event per stream, ascending.
+            for stream in streams {
+                self.events.push(Event {
+                    stream,
+                    block: address,
+                    complete: false,
+                });
+            }
+        }
+    }
+}

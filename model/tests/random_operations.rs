@@ -1,0 +1,105 @@
+//! Long pseudo-random operation sequences on several configurations, checking the invariants
+//! and the returned blocks after every operation.
+
+use cachalot_model::{BlockState, Model, ModelConfig, ModelError};
+
+const MIB: u64 = 1 << 20;
+
+/// A small deterministic generator (xorshift64*), so that failures reproduce.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// A request size spread over small, large and oversize requests.
+fn size(rng: &mut Rng) -> u64 {
+    match rng.below(6) {
+        0 => 1 + rng.below(4096),
+        1 => 1 + rng.below(MIB),
+        2 => MIB + rng.below(9 * MIB),
+        3 => 10 * MIB + rng.below(30 * MIB),
+        4 => 1 + rng.below(64) * 512,
+        _ => 40 * MIB + rng.below(60 * MIB),
+    }
+}
+
+fn run(config: ModelConfig, seed: u64, steps: usize) {
+    let mut rng = Rng(seed);
+    let mut model = Model::new(config);
+    let mut live: Vec<u64> = Vec::new();
+    for step in 0..steps {
+        // Keep the live set small, so that most mallocs can succeed.
+        let op = if live.len() > 8 { 60 } else { rng.below(100) };
+        let stream = rng.below(3);
+        if op < 45 {
+            let size = size(&mut rng);
+            match model.malloc(size, stream) {
+                Ok(address) => {
+                    let block = model
+                        .layout()
+                        .into_iter()
+                        .flat_map(|s| s.blocks)
+                        .find(|b| b.address == address)
+                        .expect("the returned address is a block");
+                    assert_eq!(block.state, BlockState::Allocated, "step {step}");
+                    assert_eq!(block.requested, size, "step {step}");
+                    assert!(block.size >= size, "step {step}");
+                    live.push(address);
+                }
+                Err(ModelError::OutOfMemory { .. }) => {}
+                Err(other) => panic!("step {step}: unexpected {other}"),
+            }
+        } else if op < 80 && !live.is_empty() {
+            let address = live.swap_remove(rng.below(live.len() as u64) as usize);
+            model.free(address).expect("free of a live allocation");
+        } else if op < 90 && !live.is_empty() {
+            let address = live[rng.below(live.len() as u64) as usize];
+            model.record_stream(address, rng.below(4)).unwrap();
+        } else if op < 97 {
+            model.complete_stream(stream);
+        } else {
+            model.empty_cache();
+        }
+        if let Err(error) = model.check_invariants() {
+            panic!("step {step}: {error}\n{:#?}", model.layout());
+        }
+    }
+    assert!(model.stats().num_device_alloc > 0);
+}
+
+#[test]
+fn random_sequences_keep_the_invariants_with_pytorch_defaults() {
+    for seed in 1..=4 {
+        run(ModelConfig::pytorch_defaults(512 * MIB), seed, 3000);
+    }
+}
+
+#[test]
+fn random_sequences_keep_the_invariants_with_every_setting_on() {
+    for seed in 1..=4 {
+        let mut config = ModelConfig::pytorch_defaults(512 * MIB);
+        config.max_split_size = 32 * MIB;
+        config.garbage_collection_threshold = 0.6;
+        config.memory_fraction = Some(0.7);
+        config.roundup_power2_divisions = [4; 16];
+        run(config, seed, 3000);
+    }
+}
+
+#[test]
+fn random_sequences_keep_the_invariants_on_a_tiny_device() {
+    for seed in 1..=4 {
+        let mut config = ModelConfig::pytorch_defaults(120 * MIB);
+        config.max_split_size = 24 * MIB;
+        run(config, seed, 3000);
+    }
+}

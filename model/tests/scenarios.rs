@@ -1,0 +1,421 @@
+//! Scenarios through the public API, each checking the model's invariants after every step.
+
+use cachalot_model::{BlockState, Model, ModelConfig, ModelError};
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+const BASE: u64 = 0x7f00_0000_0000;
+
+/// A model that checks its invariants after every operation.
+struct Checked(Model);
+
+impl Checked {
+    fn new(config: ModelConfig) -> Checked {
+        Checked(Model::new(config))
+    }
+    fn defaults(capacity: u64) -> Checked {
+        Checked::new(ModelConfig::pytorch_defaults(capacity))
+    }
+    fn check(&self) {
+        if let Err(error) = self.0.check_invariants() {
+            panic!("invariant broken: {error}\n{:#?}", self.0.layout());
+        }
+    }
+    fn malloc(&mut self, size: u64, stream: u64) -> Result<u64, ModelError> {
+        let result = self.0.malloc(size, stream);
+        self.check();
+        result
+    }
+    fn alloc(&mut self, size: u64, stream: u64) -> u64 {
+        self.malloc(size, stream).expect("malloc")
+    }
+    fn free(&mut self, address: u64) {
+        self.0.free(address).expect("free");
+        self.check();
+    }
+    fn record_stream(&mut self, address: u64, stream: u64) {
+        self.0
+            .record_stream(address, stream)
+            .expect("record_stream");
+        self.check();
+    }
+    fn empty_cache(&mut self) {
+        self.0.empty_cache();
+        self.check();
+    }
+    /// (allocated_bytes, reserved_bytes) current, all pools.
+    fn allocated_reserved(&self) -> (i64, i64) {
+        let stats = self.0.stats();
+        (
+            stats.allocated_bytes.all.current,
+            stats.reserved_bytes.all.current,
+        )
+    }
+    fn block_state(&self, address: u64) -> Option<BlockState> {
+        self.0
+            .layout()
+            .iter()
+            .flat_map(|s| s.blocks.iter())
+            .find(|b| b.address == address)
+            .map(|b| b.state)
+    }
+}
+
+#[test]
+fn the_first_seeds_experiment_reuses_freed_gigabyte_blocks() {
+    let mut m = Checked::defaults(64 * GIB);
+    let g = GIB as i64;
+    let a = m.alloc(GIB, 0);
+    assert_eq!(m.allocated_reserved(), (g, g));
+    let b = m.alloc(GIB, 0);
+    assert_eq!(m.allocated_reserved(), (2 * g, 2 * g));
+    m.free(b);
+    assert_eq!(m.allocated_reserved(), (g, 2 * g));
+    let c = m.alloc(GIB, 0);
+    assert_eq!(c, b, "the cached block is reused");
+    assert_eq!(m.allocated_reserved(), (2 * g, 2 * g));
+    let _c2 = m.alloc(GIB, 0);
+    assert_eq!(m.allocated_reserved(), (3 * g, 3 * g));
+    m.free(c);
+    assert_eq!(m.allocated_reserved(), (2 * g, 3 * g));
+    let d = m.alloc(GIB, 0);
+    assert_eq!(m.allocated_reserved(), (3 * g, 3 * g));
+    m.free(d);
+    assert_eq!(m.allocated_reserved(), (2 * g, 3 * g));
+    let _e = m.alloc(GIB, 0);
+    assert_eq!(m.allocated_reserved(), (3 * g, 3 * g));
+    let stats = m.0.stats();
+    assert_eq!(stats.num_device_alloc, 3);
+    assert_eq!(stats.reserved_bytes.all.peak, 3 * g);
+    assert_eq!(stats.allocated_bytes.all.allocated, 6 * g);
+    assert_eq!(stats.allocated_bytes.all.freed, 3 * g);
+    assert_eq!(a, BASE);
+}
+
+#[test]
+fn segments_are_sized_by_pool_and_request() {
+    let mut m = Checked::defaults(GIB);
+    m.alloc(100, 0);
+    m.alloc(5 * MIB, 0);
+    m.alloc(11 * MIB, 1); // another stream: the 15 MiB remainder is not reused
+    let sizes: Vec<(u64, bool)> = m.0.layout().iter().map(|s| (s.size, s.small)).collect();
+    assert_eq!(
+        sizes,
+        vec![(2 * MIB, true), (20 * MIB, false), (12 * MIB, false)]
+    );
+    assert_eq!(m.0.device_used(), 34 * MIB);
+}
+
+#[test]
+fn a_large_block_splits_only_when_more_than_one_mebibyte_remains() {
+    let mut m = Checked::defaults(GIB);
+    let a = m.alloc(19 * MIB, 0);
+    let layout = m.0.layout();
+    assert_eq!(layout[0].blocks.len(), 1, "1 MiB remaining: no split");
+    assert_eq!(layout[0].blocks[0].size, 20 * MIB);
+    assert_eq!(layout[0].blocks[0].requested, 19 * MIB);
+    assert_eq!(m.0.stats().requested_bytes.all.current, 19 * MIB as i64);
+    assert_eq!(m.0.stats().allocated_bytes.all.current, 20 * MIB as i64);
+    m.free(a);
+    m.alloc(18 * MIB, 0);
+    let layout = m.0.layout();
+    assert_eq!(layout[0].blocks.len(), 2);
+    assert_eq!(layout[0].blocks[1].size, 2 * MIB);
+    assert_eq!(layout[0].blocks[1].state, BlockState::Free);
+    let stats = m.0.stats();
+    assert_eq!(stats.inactive_split.large_pool.current, 1);
+    assert_eq!(
+        stats.inactive_split_bytes.large_pool.current,
+        2 * MIB as i64
+    );
+}
+
+#[test]
+fn small_blocks_split_and_coalesce_back_to_one_block() {
+    let mut m = Checked::defaults(GIB);
+    let a = m.alloc(1000, 0);
+    let b = m.alloc(512, 0);
+    let c = m.alloc(4096, 0);
+    assert_eq!((b - a, c - b), (1024, 512));
+    assert_eq!(m.0.layout()[0].blocks.len(), 4);
+    m.free(b);
+    // Free b sits between allocated a and c: a second inactive split block.
+    assert_eq!(m.0.stats().inactive_split.small_pool.current, 2);
+    m.free(a);
+    assert_eq!(m.0.layout()[0].blocks.len(), 3, "a merged with b");
+    m.free(c);
+    let layout = m.0.layout();
+    assert_eq!(layout[0].blocks.len(), 1, "everything merged back");
+    assert_eq!(layout[0].blocks[0].size, 2 * MIB);
+    let stats = m.0.stats();
+    assert_eq!(stats.inactive_split.small_pool.current, 0);
+    assert_eq!(stats.inactive_split.small_pool.peak, 2);
+    assert_eq!(stats.inactive_split_bytes.small_pool.current, 0);
+    assert_eq!(stats.active.all.current, 0);
+    assert_eq!(stats.segment.small_pool.current, 1);
+}
+
+#[test]
+fn a_freed_block_is_not_reused_by_another_stream() {
+    let mut m = Checked::defaults(GIB);
+    let a = m.alloc(4096, 1);
+    m.free(a);
+    let b = m.alloc(4096, 2);
+    assert_ne!(a, b);
+    assert_eq!(m.0.layout().len(), 2);
+    let c = m.alloc(4096, 1);
+    assert_eq!(c, a, "the same stream reuses it");
+}
+
+#[test]
+fn events_hold_a_block_until_its_stream_completes_and_the_next_malloc() {
+    let mut m = Checked::defaults(GIB);
+    let a = m.alloc(20 * MIB, 0);
+    m.record_stream(a, 7);
+    m.record_stream(a, 0); // its own stream: nothing
+    m.free(a);
+    assert_eq!(m.block_state(a), Some(BlockState::Pending));
+    let stats = m.0.stats();
+    assert_eq!(stats.allocation.all.current, 0);
+    assert_eq!(stats.active.all.current, 1);
+    assert_eq!(stats.requested_bytes.all.current, 20 * MIB as i64);
+    // Not complete yet: the next malloc cannot use it.
+    let b = m.alloc(20 * MIB, 0);
+    assert_ne!(b, a);
+    m.free(b);
+    m.0.complete_stream(7);
+    m.check();
+    assert_eq!(
+        m.block_state(a),
+        Some(BlockState::Pending),
+        "not returned by itself"
+    );
+    // The next malloc returns it first; of the two free blocks, a has the lower address.
+    let c = m.alloc(20 * MIB, 0);
+    assert_eq!(c, a);
+    let stats = m.0.stats();
+    assert_eq!(stats.active.all.current, 1);
+    assert_eq!(stats.requested_bytes.all.current, 20 * MIB as i64);
+    assert_eq!(stats.active.all.freed, 2);
+}
+
+#[test]
+fn events_recorded_after_a_completion_are_not_complete() {
+    let mut m = Checked::defaults(GIB);
+    let a = m.alloc(512, 0);
+    let b = m.alloc(512, 0);
+    m.record_stream(a, 3);
+    m.record_stream(a, 4);
+    m.free(a);
+    m.0.complete_stream(3);
+    m.record_stream(b, 3);
+    m.free(b);
+    m.alloc(512, 9); // processes events: a still waits for stream 4; b for stream 3
+    assert_eq!(m.block_state(a), Some(BlockState::Pending));
+    assert_eq!(m.block_state(b), Some(BlockState::Pending));
+    m.0.complete_stream(4);
+    m.alloc(512, 9);
+    assert_eq!(m.block_state(a), Some(BlockState::Free));
+    assert_eq!(m.block_state(b), Some(BlockState::Pending));
+}
+
+#[test]
+fn empty_cache_waits_for_events_and_releases_whole_free_segments() {
+    let mut m = Checked::defaults(GIB);
+    let a = m.alloc(3 * MIB, 0);
+    let b = m.alloc(512, 0);
+    let _c = m.alloc(512, 0);
+    m.record_stream(a, 1);
+    m.free(a);
+    m.free(b);
+    m.empty_cache();
+    let stats = m.0.stats();
+    assert_eq!(stats.num_sync_all_streams, 1);
+    assert_eq!(stats.num_device_free, 1, "only a's segment was whole");
+    assert_eq!(stats.segment.large_pool.current, 0);
+    assert_eq!(stats.segment.small_pool.current, 1);
+    assert_eq!(stats.active.all.current, 1);
+    assert_eq!(m.0.device_used(), 2 * MIB);
+}
+
+#[test]
+fn a_tiny_device_retries_after_releasing_the_cache_then_runs_out_of_memory() {
+    let mut m = Checked::defaults(24 * MIB);
+    let small = m.alloc(512, 0);
+    m.free(small);
+    // 23 MiB needs a 24 MiB segment; the cached small segment is in the way.
+    let big = m.alloc(23 * MIB, 0);
+    let stats = m.0.stats();
+    assert_eq!(stats.num_alloc_retries, 1);
+    assert_eq!(stats.num_sync_all_streams, 1);
+    assert_eq!(stats.num_device_free, 1);
+    assert_eq!(stats.reserved_bytes.all.allocated, 26 * MIB as i64);
+    assert_eq!(stats.reserved_bytes.all.freed, 2 * MIB as i64);
+    assert_eq!(stats.reserved_bytes.all.peak, 24 * MIB as i64);
+    // Nothing is left to release.
+    let error = m.malloc(1, 0).unwrap_err();
+    assert_eq!(
+        error,
+        ModelError::OutOfMemory {
+            alloc_size: 2 * MIB,
+            capacity: 24 * MIB,
+            device_free: 0,
+            allowed: None,
+            allocated: 24 * MIB,
+            reserved_unallocated: 0,
+        }
+    );
+    let stats = m.0.stats();
+    assert_eq!((stats.num_ooms, stats.num_alloc_retries), (1, 2));
+    m.free(big);
+    assert_eq!(m.0.stats().reserved_bytes.all.current, 24 * MIB as i64);
+}
+
+#[test]
+fn told_device_failures_lead_to_a_retry_or_an_out_of_memory_error() {
+    let mut m = Checked::defaults(GIB);
+    m.0.fail_next_device_allocs(1);
+    m.alloc(512, 0);
+    assert_eq!(m.0.stats().num_alloc_retries, 1);
+    assert_eq!(m.0.stats().num_ooms, 0);
+    m.0.fail_next_device_allocs(2);
+    let error = m.malloc(2 * MIB, 0).unwrap_err();
+    assert!(
+        matches!(error, ModelError::OutOfMemory { alloc_size, device_free, .. }
+        if alloc_size == 20 * MIB && device_free == GIB - 2 * MIB)
+    );
+    assert_eq!(m.0.stats().num_ooms, 1);
+}
+
+#[test]
+fn a_memory_fraction_caps_reserved_bytes_without_asking_the_device() {
+    let mut config = ModelConfig::pytorch_defaults(GIB);
+    config.memory_fraction = Some(0.05);
+    let mut m = Checked::new(config);
+    let allowed = (0.05 * GIB as f64) as u64;
+    m.alloc(40 * MIB, 0);
+    m.0.fail_next_device_allocs(1);
+    let error = m.malloc(2 * MIB, 0).unwrap_err();
+    assert!(matches!(error, ModelError::OutOfMemory { allowed: Some(a), .. } if a == allowed));
+    // The told failure was not spent by the refused attempts.
+    m.0.set_memory_fraction(1.0).unwrap();
+    assert!(
+        m.malloc(2 * MIB, 0).is_ok(),
+        "retried after the told failure"
+    );
+    assert_eq!(m.0.stats().num_alloc_retries, 2);
+}
+
+#[test]
+fn oversize_blocks_are_not_split_nor_given_to_small_requests() {
+    let mut config = ModelConfig::pytorch_defaults(GIB);
+    config.max_split_size = 30 * MIB;
+    let mut m = Checked::new(config);
+    let a = m.alloc(70 * MIB, 0);
+    m.free(a);
+    assert_eq!(m.0.stats().oversize_segments.current, 1);
+    // Below max split: not served by the oversize block.
+    let b = m.alloc(5 * MIB, 0);
+    assert_ne!(b, a);
+    // 55 MiB + 20 MiB > 70 MiB: the whole oversize block, not split.
+    let c = m.alloc(55 * MIB, 0);
+    assert_eq!(c, a);
+    let stats = m.0.stats();
+    assert_eq!(stats.oversize_allocations.current, 1);
+    assert_eq!(stats.allocated_bytes.large_pool.current, 75 * MIB as i64);
+    m.free(c);
+    // 40 MiB + 20 MiB ≤ 70 MiB: too wasteful, a new segment.
+    let d = m.alloc(40 * MIB, 0);
+    assert_ne!(d, a);
+}
+
+#[test]
+fn releasing_one_oversize_block_makes_room() {
+    let mut config = ModelConfig::pytorch_defaults(100 * MIB);
+    config.max_split_size = 30 * MIB;
+    let mut m = Checked::new(config);
+    let a = m.alloc(70 * MIB, 0);
+    m.free(a);
+    // No fit (rounding allowance), no room: rule 11 releases the 70 MiB block.
+    m.alloc(40 * MIB, 0);
+    let stats = m.0.stats();
+    assert_eq!((stats.num_device_free, stats.num_alloc_retries), (1, 0));
+    assert_eq!(stats.oversize_segments.current, 1);
+    assert_eq!(stats.oversize_segments.freed, 1);
+}
+
+#[test]
+fn releasing_several_oversize_blocks_largest_first_makes_room() {
+    let mut config = ModelConfig::pytorch_defaults(100 * MIB);
+    config.max_split_size = 30 * MIB;
+    let mut m = Checked::new(config);
+    let a = m.alloc(40 * MIB, 0);
+    let b = m.alloc(40 * MIB, 0);
+    m.free(a);
+    m.free(b);
+    m.alloc(60 * MIB, 0);
+    let stats = m.0.stats();
+    assert_eq!((stats.num_device_free, stats.num_alloc_retries), (2, 0));
+    assert_eq!(m.0.device_used(), 60 * MIB);
+}
+
+#[test]
+fn too_few_oversize_bytes_fall_through_to_releasing_everything() {
+    let mut config = ModelConfig::pytorch_defaults(80 * MIB);
+    config.max_split_size = 30 * MIB;
+    let mut m = Checked::new(config);
+    let a = m.alloc(40 * MIB, 0);
+    m.free(a);
+    m.alloc(50 * MIB, 0);
+    let stats = m.0.stats();
+    assert_eq!((stats.num_device_free, stats.num_alloc_retries), (1, 1));
+}
+
+#[test]
+fn garbage_collection_releases_the_older_cached_segments() {
+    let mut config = ModelConfig::pytorch_defaults(GIB);
+    config.memory_fraction = Some(0.2);
+    config.garbage_collection_threshold = 0.4; // ⌊0.4 × ⌊0.2 GiB⌋⌋ ≈ 81.9 MiB
+    let mut m = Checked::new(config);
+    let a = m.alloc(40 * MIB, 0); // search 1
+    let b = m.alloc(40 * MIB, 0); // search 2
+    m.free(a); // a enters the free set at 2
+    let d = m.alloc(2 * MIB, 1); // search 3; 80 MiB reserved: no collection
+    m.free(b); // b enters the free set at 3
+    assert_eq!(m.0.stats().num_device_free, 0);
+    m.free(d);
+    m.alloc(4 * MIB, 1); // search 4, found in d's segment
+    // Search 5 finds nothing on stream 2; 100 MiB reserved is above the threshold: ages are
+    // a: 3, b: 2, mean 2.5, so only a goes, which reclaims enough.
+    m.alloc(30 * MIB, 2);
+    let segments: Vec<(u64, u64, u64)> =
+        m.0.layout()
+            .iter()
+            .map(|s| (s.address, s.size, s.stream))
+            .collect();
+    // a's range now holds the new 30 MiB segment of stream 2.
+    assert_eq!(segments[0], (a, 30 * MIB, 2));
+    assert_eq!(segments[1], (b, 40 * MIB, 0));
+    assert_eq!(m.0.stats().num_device_free, 1);
+    assert_eq!(m.0.stats().num_alloc_retries, 0);
+}
+
+#[test]
+fn garbage_collection_needs_a_memory_fraction() {
+    let mut config = ModelConfig::pytorch_defaults(GIB);
+    config.garbage_collection_threshold = 0.01;
+    let mut m = Checked::new(config);
+    let a = m.alloc(40 * MIB, 0);
+    m.free(a);
+    m.alloc(60 * MIB, 1);
+    assert_eq!(m.0.stats().num_device_free, 0);
+}
+
+#[test]
+fn script_addresses_come_first() {
+    let mut config = ModelConfig::pytorch_defaults(GIB);
+    config.address_script = vec![0x1_0000_0000];
+    let mut m = Checked::new(config);
+    assert_eq!(m.alloc(512, 0), 0x1_0000_0000);
+    assert_eq!(m.alloc(512, 1), BASE);
+}
