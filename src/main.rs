@@ -1,1 +1,3 @@
-fn main(){}
+//! The `cachalot` command-line program (replay and compare land with the trace tooling).
+
+fn main() {}

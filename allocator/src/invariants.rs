@@ -73,9 +73,9 @@ pub(crate) fn check<B: Backend>(core: &CachingCore<B>) -> Result<(), String> {
                     b.address
                 ));
             }
-            if b.address % MIN_BLOCK_SIZE != 0
+            if !b.address.is_multiple_of(MIN_BLOCK_SIZE)
                 || b.size < MIN_BLOCK_SIZE
-                || b.size % MIN_BLOCK_SIZE != 0
+                || !b.size.is_multiple_of(MIN_BLOCK_SIZE)
             {
                 return Err(format!(
                     "block {:#x}+{}: not 512-aligned",

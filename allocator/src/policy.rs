@@ -197,10 +197,10 @@ impl<B: Backend> CachingCore<B> {
         if let Some(id) = self.alloc_segment(pool, stream, alloc_size, false)? {
             return Ok(Some(id));
         }
-        if self.release_oversize(pool, stream, rounded)? {
-            if let Some(id) = self.alloc_segment(pool, stream, alloc_size, false)? {
-                return Ok(Some(id));
-            }
+        if self.release_oversize(pool, stream, rounded)?
+            && let Some(id) = self.alloc_segment(pool, stream, alloc_size, false)?
+        {
+            return Ok(Some(id));
         }
         self.release_cached()?;
         self.alloc_segment(pool, stream, alloc_size, true)
@@ -261,10 +261,10 @@ impl<B: Backend> CachingCore<B> {
         if is_retry {
             self.stats.num_alloc_retries += 1;
         }
-        if let Some(allowed) = self.allowed_max {
-            if self.reserved.saturating_add(size) > allowed {
-                return Ok(None);
-            }
+        if let Some(allowed) = self.allowed_max
+            && self.reserved.saturating_add(size) > allowed
+        {
+            return Ok(None);
         }
         let address = match self.backend.allocate(size) {
             Ok(a) => a,
@@ -488,10 +488,7 @@ impl<B: Backend> CachingCore<B> {
     fn process_events(&mut self) -> Result<(), Error> {
         let streams: Vec<StreamId> = self.events.keys().copied().collect();
         for stream in streams {
-            loop {
-                let Some(&(event, id)) = self.events.get(&stream).and_then(|q| q.front()) else {
-                    break;
-                };
+            while let Some(&(event, id)) = self.events.get(&stream).and_then(|q| q.front()) {
                 if !self.backend.query_event(event)? {
                     break;
                 }
@@ -584,7 +581,9 @@ impl<B: Backend> CachingCore<B> {
             .next()
             .copied();
         if let Some((s, _, _, id)) = first {
-            if s == stream {
+            // A block that is not a whole segment cannot be given back on its own; PyTorch
+            // skips such blocks (expandable segments) the same way.
+            if s == stream && !self.blocks.get(id).is_split() {
                 self.release_segment(id)?;
                 return Ok(true);
             }
@@ -598,8 +597,10 @@ impl<B: Backend> CachingCore<B> {
             if total >= target || size < max_split || s != stream {
                 break;
             }
-            chosen.push(id);
-            total += size;
+            if !self.blocks.get(id).is_split() {
+                chosen.push(id);
+                total += size;
+            }
         }
         for id in chosen {
             self.release_segment(id)?;

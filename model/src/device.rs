@@ -58,7 +58,7 @@ impl Device {
 
     /// Makes the next `n` allocation attempts report out-of-memory.
     pub(crate) fn fail_next(&mut self, n: u32) {
-        self.failures_ahead = n;
+        self.failures_ahead = self.failures_ahead.saturating_add(n);
     }
 
     /// Allocates `size` bytes: the address, or `None` for out-of-memory.

@@ -149,8 +149,8 @@ impl Model {
         Ok(())
     }
 
-    /// Makes the next `n` device allocation attempts report out-of-memory, replacing any
-    /// earlier count. Attempts stopped by the memory fraction never reach the device and do
+    /// Makes the next `n` device allocation attempts report out-of-memory, in addition to any
+    /// failures already pending. Attempts stopped by the memory fraction never reach the device and do
     /// not count.
     pub fn fail_next_device_allocs(&mut self, n: u32) {
         self.device.fail_next(n);

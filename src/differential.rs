@@ -1,0 +1,290 @@
+//! The differential harness: the allocator and the model side by side.
+//!
+//! The one rule: after every operation the two must agree on everything a user can observe —
+//! success or the error and its figures, the address handed out, every statistic, the layout of
+//! every segment, the device's memory — and both must pass their own invariant checks.
+
+use cachalot::{BlockState, CachingCore, Error, SimDevice, StreamId};
+use cachalot_model::{Model, ModelError};
+
+use crate::op::{Op, STREAMS};
+use crate::scenario::{Knobs, Scenario};
+
+/// An outcome both sides can be compared on.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    /// Success, with the address for an allocation (0 otherwise).
+    Ok(u64),
+    /// Out of memory, with the figures of the message.
+    OutOfMemory {
+        /// Segment size tried.
+        alloc_size: u64,
+        /// Device capacity.
+        capacity: u64,
+        /// Device free memory.
+        device_free: u64,
+        /// The memory-fraction limit.
+        allowed: Option<u64>,
+        /// Bytes allocated.
+        allocated: u64,
+        /// Bytes reserved but not allocated.
+        reserved_unallocated: u64,
+    },
+    /// Above the largest request served.
+    TooLarge,
+    /// Not a live allocation.
+    UnknownPointer,
+    /// A memory fraction outside [0, 1].
+    InvalidFraction,
+    /// Any other error (a harness bug if it ever appears on one side only).
+    Other(String),
+}
+
+fn from_alloc<T>(r: Result<T, Error>, value: impl Fn(T) -> u64) -> Outcome {
+    match r {
+        Ok(v) => Outcome::Ok(value(v)),
+        Err(Error::OutOfMemory(o)) => Outcome::OutOfMemory {
+            alloc_size: o.alloc_size,
+            capacity: o.capacity,
+            device_free: o.device_free,
+            allowed: o.allowed,
+            allocated: o.allocated,
+            reserved_unallocated: o.reserved_unallocated,
+        },
+        Err(Error::TooLarge { .. }) => Outcome::TooLarge,
+        Err(Error::UnknownPointer { .. }) => Outcome::UnknownPointer,
+        Err(Error::InvalidFraction { .. }) => Outcome::InvalidFraction,
+        Err(e) => Outcome::Other(e.to_string()),
+    }
+}
+
+fn from_model<T>(r: Result<T, ModelError>, value: impl Fn(T) -> u64) -> Outcome {
+    match r {
+        Ok(v) => Outcome::Ok(value(v)),
+        Err(ModelError::OutOfMemory { alloc_size, capacity, device_free, allowed, allocated, reserved_unallocated }) => {
+            Outcome::OutOfMemory { alloc_size, capacity, device_free, allowed, allocated, reserved_unallocated }
+        }
+        Err(ModelError::TooLarge { .. }) => Outcome::TooLarge,
+        Err(ModelError::UnknownAddress { .. }) => Outcome::UnknownPointer,
+        Err(ModelError::InvalidFraction { .. }) => Outcome::InvalidFraction,
+    }
+}
+
+/// A segment as both sides report it: address, size, stream, small pool, and blocks as
+/// `(address, size, requested, state)` with state 0 free, 1 allocated, 2 pending.
+pub type Layout = Vec<(u64, u64, u64, bool, Vec<(u64, u64, u64, u8)>)>;
+
+/// The allocator's layout in the common form.
+pub fn allocator_layout(core: &CachingCore<SimDevice>) -> Layout {
+    core.segments()
+        .into_iter()
+        .map(|s| {
+            let blocks = s
+                .blocks
+                .iter()
+                .map(|b| {
+                    let st = match b.state {
+                        BlockState::Free => 0,
+                        BlockState::Allocated => 1,
+                        BlockState::Pending => 2,
+                    };
+                    (b.address, b.size, if st == 0 { 0 } else { b.requested }, st)
+                })
+                .collect();
+            (s.address, s.size, s.stream.0, s.pool == cachalot::sizes::Pool::Small, blocks)
+        })
+        .collect()
+}
+
+/// The model's layout in the common form.
+pub fn model_layout(model: &Model) -> Layout {
+    model
+        .layout()
+        .into_iter()
+        .map(|s| {
+            let blocks = s
+                .blocks
+                .iter()
+                .map(|b| {
+                    let st = match b.state {
+                        cachalot_model::BlockState::Free => 0,
+                        cachalot_model::BlockState::Allocated => 1,
+                        cachalot_model::BlockState::Pending => 2,
+                    };
+                    (b.address, b.size, if st == 0 { 0 } else { b.requested }, st)
+                })
+                .collect();
+            (s.address, s.size, s.stream, s.small, blocks)
+        })
+        .collect()
+}
+
+/// The allocator and the model, driven together.
+pub struct Differential {
+    /// The allocator under test, on the simulated device.
+    pub alloc: CachingCore<SimDevice>,
+    /// The reference model.
+    pub model: Model,
+    live: Vec<u64>,
+    freed: Vec<u64>,
+    step: usize,
+}
+
+impl Differential {
+    /// Both sides, configured by `knobs`.
+    pub fn new(knobs: &Knobs) -> Result<Differential, String> {
+        let alloc = CachingCore::new(SimDevice::new(knobs.capacity), knobs.settings()).map_err(|e| e.to_string())?;
+        let model = Model::new(knobs.model_config(Vec::new()));
+        Ok(Differential { alloc, model, live: Vec::new(), freed: Vec::new(), step: 0 })
+    }
+
+    /// Live allocations, in the order they were made.
+    pub fn live(&self) -> &[u64] {
+        &self.live
+    }
+
+    fn stream(i: u8) -> u64 {
+        u64::from(i % STREAMS)
+    }
+
+    /// Applies one operation to both sides and compares everything observable.
+    pub fn apply(&mut self, op: &Op) -> Result<(), String> {
+        self.step += 1;
+        let (a, m) = match *op {
+            Op::Malloc { size, stream } => {
+                let s = Self::stream(stream);
+                let a = from_alloc(self.alloc.malloc(size, StreamId(s)), |v| v);
+                let m = from_model(self.model.malloc(size, s), |v| v);
+                if let (Outcome::Ok(addr), Outcome::Ok(_)) = (&a, &m) {
+                    if *addr != 0 {
+                        self.live.push(*addr);
+                    }
+                }
+                (a, m)
+            }
+            Op::Free { pick } => {
+                if self.live.is_empty() {
+                    let addr = 0xdead_0000;
+                    (from_alloc(self.alloc.free(addr), |_| 0), from_model(self.model.free(addr), |_| 0))
+                } else {
+                    let addr = self.live.remove(pick as usize % self.live.len());
+                    let r = (from_alloc(self.alloc.free(addr), |_| 0), from_model(self.model.free(addr), |_| 0));
+                    self.freed.push(addr);
+                    r
+                }
+            }
+            Op::RecordStream { pick, stream } => {
+                let s = Self::stream(stream);
+                let addr = if self.live.is_empty() { 0xdead_0000 } else { self.live[pick as usize % self.live.len()] };
+                (
+                    from_alloc(self.alloc.record_stream(addr, StreamId(s)), |_| 0),
+                    from_model(self.model.record_stream(addr, s), |_| 0),
+                )
+            }
+            Op::CompleteStream { stream } => {
+                let s = Self::stream(stream);
+                self.alloc.backend_mut().complete_stream(StreamId(s));
+                self.model.complete_stream(s);
+                (Outcome::Ok(0), Outcome::Ok(0))
+            }
+            Op::EmptyCache => {
+                (from_alloc(self.alloc.empty_cache(), |_| 0), Outcome::Ok({
+                    self.model.empty_cache();
+                    0
+                }))
+            }
+            Op::SetFraction { per_mille } => {
+                let f = f64::from(per_mille) / 1000.0;
+                (
+                    from_alloc(self.alloc.set_memory_fraction(f), |_| 0),
+                    from_model(self.model.set_memory_fraction(f), |_| 0),
+                )
+            }
+            Op::FailDeviceAllocs { n } => {
+                self.alloc.backend_mut().fail_next_allocs(u32::from(n));
+                self.model.fail_next_device_allocs(u32::from(n));
+                (Outcome::Ok(0), Outcome::Ok(0))
+            }
+            Op::FreeForeign { address } => {
+                let mut addr = if address % 2 == 0 && !self.freed.is_empty() {
+                    self.freed[(address / 2) as usize % self.freed.len()]
+                } else {
+                    address
+                };
+                if addr == 0 || self.live.contains(&addr) {
+                    addr |= 1;
+                }
+                (from_alloc(self.alloc.free(addr), |_| 0), from_model(self.model.free(addr), |_| 0))
+            }
+        };
+        if a != m {
+            return Err(format!("step {}: {op:?}: allocator gave {a:?}, model gave {m:?}", self.step));
+        }
+        self.compare().map_err(|e| format!("step {}: after {op:?}: {e}", self.step))
+    }
+
+    /// Compares statistics, layout, device memory and both invariant checks.
+    pub fn compare(&self) -> Result<(), String> {
+        let sa = serde_json::to_value(self.alloc.stats()).map_err(|e| e.to_string())?;
+        let sm = serde_json::to_value(self.model.stats()).map_err(|e| e.to_string())?;
+        if sa != sm {
+            let mut diffs = Vec::new();
+            diff_json("", &sa, &sm, &mut diffs);
+            return Err(format!("statistics differ (allocator vs model): {}", diffs.join("; ")));
+        }
+        let (la, lm) = (allocator_layout(&self.alloc), model_layout(&self.model));
+        if la != lm {
+            return Err(format!("layouts differ:\n allocator {la:x?}\n model     {lm:x?}"));
+        }
+        if self.alloc.backend().used() != self.model.device_used() {
+            return Err(format!(
+                "device memory differs: allocator's device {} vs model's {}",
+                self.alloc.backend().used(),
+                self.model.device_used()
+            ));
+        }
+        self.alloc.check_invariants().map_err(|e| format!("allocator invariant: {e}"))?;
+        self.model.check_invariants().map_err(|e| format!("model invariant: {e}"))?;
+        Ok(())
+    }
+}
+
+fn diff_json(path: &str, a: &serde_json::Value, b: &serde_json::Value, out: &mut Vec<String>) {
+    match (a, b) {
+        (serde_json::Value::Object(x), serde_json::Value::Object(y)) => {
+            for (k, va) in x {
+                let p = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+                match y.get(k) {
+                    Some(vb) => diff_json(&p, va, vb, out),
+                    None => out.push(format!("{p} missing in model")),
+                }
+            }
+            for k in y.keys().filter(|k| !x.contains_key(*k)) {
+                out.push(format!("{path}.{k} missing in allocator"));
+            }
+        }
+        _ if a != b => out.push(format!("{path}: {a} vs {b}")),
+        _ => {}
+    }
+}
+
+/// Runs a whole scenario; the error names the step and what differed.
+pub fn run_scenario(scenario: &Scenario) -> Result<(), String> {
+    let mut d = Differential::new(&scenario.knobs)?;
+    d.compare()?;
+    for op in &scenario.ops {
+        d.apply(op)?;
+    }
+    // Free everything and empty the cache: both must come back to an empty device.
+    while !d.live.is_empty() {
+        d.apply(&Op::Free { pick: 0 })?;
+    }
+    for s in 0..STREAMS {
+        d.apply(&Op::CompleteStream { stream: s })?;
+    }
+    d.apply(&Op::EmptyCache)?;
+    if d.alloc.backend().used() != 0 {
+        return Err(format!("{} bytes still held after freeing everything and emptying the cache", d.alloc.backend().used()));
+    }
+    Ok(())
+}
