@@ -2,4 +2,7 @@
 //! (`cachalot-model`): the operation type, the differential harness, PyTorch snapshot reading and
 //! writing, and the replay engine behind the `cachalot` command-line program.
 
+pub mod differential;
+pub mod op;
+pub mod scenario;
 pub mod snapshot;
