@@ -22,6 +22,8 @@
 
 pub mod backend;
 mod block;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod error;
 mod frontend;
 mod invariants;
@@ -34,6 +36,8 @@ mod sync;
 pub use backend::sim::{Faults, SimDevice};
 pub use backend::{Backend, BackendError, EventId, MemInfo, StreamId};
 pub use block::BlockState;
+#[cfg(feature = "cuda")]
+pub use cuda::{CudaAllocator, CudaError, DeviceBlock, DeviceBuffer};
 pub use error::{Error, OutOfMemory};
 pub use frontend::Allocator;
 pub use policy::{BlockInfo, CachingCore, SegmentInfo};

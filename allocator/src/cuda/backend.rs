@@ -1,0 +1,374 @@
+//! The CUDA device behind the policy core: segments from `cuMemAlloc`, events from
+//! `cuEventCreate`, all through cudarc's driver bindings.
+//!
+//! The one rule: every `unsafe` block of cachalot lives in this file, each with a `// SAFETY:`
+//! comment, and every handle that reaches the driver was produced by the driver and checked
+//! here first. The [`Backend`] trait is safe, so a caller may pass any address, stream id or
+//! event id: addresses are checked against the segments this backend allocated, events against
+//! the ones it created, and streams against the ones it was shown; anything else is refused
+//! (or, for an unknown stream, handled by synchronising the device) without touching the driver.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::{self, CUevent_flags, CUresult};
+use cudarc::driver::{CudaContext, CudaStream, DriverError, LaunchArgs, PushKernelArg, result};
+use rustc_hash::FxHashMap;
+
+use super::buffer::{DeviceBlock, DeviceBuffer};
+use super::error::CudaError;
+use crate::backend::{Backend, BackendError, EventId, MemInfo, StreamId};
+use crate::policy::SegmentInfo;
+
+/// Spare events kept for reuse; more than this many are destroyed when released.
+const EVENT_POOL_CAP: usize = 256;
+
+/// The legacy default stream's handle (`CU_STREAM_LEGACY` is 0x1; cudarc's default stream is
+/// the null handle) and the per-thread default stream's (`CU_STREAM_PER_THREAD`). These are
+/// valid in every context and never destroyed.
+const BUILTIN_STREAMS: [u64; 3] = [0x0, 0x1, 0x2];
+
+/// Whether the CUDA driver library can be loaded, asked without letting cudarc panic.
+///
+/// cudarc loads `libcuda` lazily and panics at the first driver call when it is absent;
+/// this asks its loader whether any of the names it would try can be opened.
+pub(crate) fn driver_library_present() -> bool {
+    // SAFETY: loading the driver library runs its initialisers, which is what every driver
+    // call through cudarc does first anyway; no symbol is called here.
+    unsafe { sys::is_culib_present() }
+}
+
+/// The [`StreamId`] a cudarc stream has in cachalot: its `CUstream` handle's value.
+pub fn stream_id(stream: &CudaStream) -> StreamId {
+    StreamId(stream.cu_stream() as usize as u64)
+}
+
+fn device_error(operation: &'static str, e: DriverError) -> BackendError {
+    if e.0 == CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+        return BackendError::OutOfMemory;
+    }
+    BackendError::Device {
+        operation,
+        message: e.to_string(),
+    }
+}
+
+/// A [`Backend`] over one CUDA context: device memory from `cuMemAlloc`/`cuMemFree`, events
+/// created with `CU_EVENT_DISABLE_TIMING` and reused through a small pool.
+///
+/// Most programs use [`CudaAllocator`](super::CudaAllocator), which wraps this backend in the
+/// caching policy. Use it directly to drive a [`CachingCore`](crate::CachingCore) by hand (trace
+/// replay, experiments); streams are named by [`stream_id`], and a stream must be shown to the
+/// backend ([`CudaBackend::retain_stream`] or [`CudaBackend::note_stream`]) before events are
+/// recorded on it.
+///
+/// The context is made current on the calling thread at every call that reaches the driver, so
+/// the backend may be used from any thread. Dropping it waits for its outstanding events and
+/// returns every segment it still holds to the driver.
+///
+/// ```no_run
+/// use cachalot::cuda::{CudaBackend, stream_id};
+/// use cachalot::{CachingCore, Settings};
+/// use cudarc::driver::CudaContext;
+///
+/// let ctx = CudaContext::new(0)?;
+/// let stream = ctx.new_stream()?;
+/// let mut backend = CudaBackend::new(ctx)?;
+/// backend.retain_stream(&stream);
+/// let mut core = CachingCore::new(backend, Settings::default())?;
+/// let p = core.malloc(1 << 20, stream_id(&stream))?;
+/// core.free(p)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct CudaBackend {
+    ctx: Arc<CudaContext>,
+    /// Live segments: address → size.
+    segments: FxHashMap<u64, u64>,
+    /// Streams this backend may record events on; `Some` holds the stream alive.
+    streams: FxHashMap<u64, Option<Arc<CudaStream>>>,
+    /// Outstanding events: id → `CUevent` handle.
+    events: FxHashMap<u64, usize>,
+    /// Spare events for reuse.
+    spare: Vec<usize>,
+    next_event: u64,
+}
+
+impl std::fmt::Debug for CudaBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaBackend")
+            .field("device", &self.ctx.ordinal())
+            .field("segments", &self.segments.len())
+            .field("streams", &self.streams.len())
+            .field("events", &self.events.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl CudaBackend {
+    /// A backend over `ctx`'s device.
+    pub fn new(ctx: Arc<CudaContext>) -> Result<CudaBackend, CudaError> {
+        let backend = CudaBackend {
+            ctx,
+            segments: FxHashMap::default(),
+            streams: FxHashMap::default(),
+            events: FxHashMap::default(),
+            spare: Vec::new(),
+            next_event: 1,
+        };
+        backend.bind().map_err(CudaError::from_backend)?;
+        Ok(backend)
+    }
+
+    /// The context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Shows the backend a stream and keeps it alive while the backend holds segments for it
+    /// (a destroyed stream's handle may be given to a new stream, which must not inherit blocks
+    /// whose last uses may still be running).
+    pub fn retain_stream(&mut self, stream: &Arc<CudaStream>) {
+        let id = stream_id(stream).0;
+        match self.streams.get_mut(&id) {
+            Some(Some(_)) => {}
+            Some(slot) => *slot = Some(Arc::clone(stream)),
+            None => {
+                self.streams.insert(id, Some(Arc::clone(stream)));
+            }
+        }
+    }
+
+    /// Shows the backend a stream without keeping it alive: events may be recorded on it until
+    /// [`CudaBackend::prune_streams`] forgets it. The stream must stay alive until then (if it
+    /// is destroyed first, recording on it fails and the backend falls back to synchronising
+    /// the whole device, which is safe but slow).
+    pub fn note_stream(&mut self, stream: &CudaStream) {
+        self.streams.entry(stream_id(stream).0).or_insert(None);
+    }
+
+    /// Whether the backend knows this stream.
+    pub fn knows_stream(&self, stream: StreamId) -> bool {
+        BUILTIN_STREAMS.contains(&stream.0) || self.streams.contains_key(&stream.0)
+    }
+
+    /// Forgets the streams that hold no segment in `segments` and that nobody else keeps
+    /// alive. Called after `empty_cache`.
+    pub fn prune_streams(&mut self, segments: &[SegmentInfo]) {
+        let used: rustc_hash::FxHashSet<u64> = segments.iter().map(|s| s.stream.0).collect();
+        self.streams.retain(|id, s| {
+            used.contains(id) || s.as_ref().is_some_and(|s| Arc::strong_count(s) > 1)
+        });
+    }
+
+    /// Number of device segments this backend holds.
+    pub fn segment_count(&self) -> usize {
+        self.segments.len()
+    }
+
+    /// Makes the context current on the calling thread (cheap when it already is).
+    fn bind(&self) -> Result<(), BackendError> {
+        let ctx = self.ctx.cu_ctx();
+        let current = result::ctx::get_current().map_err(|e| device_error("cuCtxGetCurrent", e))?;
+        if current != Some(ctx) {
+            // SAFETY: `ctx` is the live context held by `self.ctx` (an `Arc`, so not released
+            // while we hold it).
+            unsafe { result::ctx::set_current(ctx) }
+                .map_err(|e| device_error("cuCtxSetCurrent", e))?;
+        }
+        Ok(())
+    }
+
+    /// Waits for all work queued in the device's context.
+    fn synchronize_all(&self) -> Result<(), BackendError> {
+        self.bind()?;
+        result::ctx::synchronize().map_err(|e| device_error("cuCtxSynchronize", e))
+    }
+
+    fn take_spare_event(&mut self) -> Result<usize, BackendError> {
+        if let Some(e) = self.spare.pop() {
+            return Ok(e);
+        }
+        let e = result::event::create(CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .map_err(|e| device_error("cuEventCreate", e))?;
+        Ok(e as usize)
+    }
+
+    fn release_event(&mut self, handle: usize) {
+        if self.spare.len() < EVENT_POOL_CAP {
+            self.spare.push(handle);
+        } else {
+            // SAFETY: `handle` came from `cuEventCreate` and is in neither `events` nor
+            // `spare`, so it is destroyed exactly once; an event still pending is released by
+            // the driver when it completes.
+            let _ = unsafe { result::event::destroy(handle as sys::CUevent) };
+        }
+    }
+
+    fn new_event_id(&mut self, handle: usize) -> EventId {
+        let id = self.next_event;
+        self.next_event += 1;
+        self.events.insert(id, handle);
+        EventId(id)
+    }
+}
+
+impl Backend for CudaBackend {
+    fn allocate(&mut self, size: u64) -> Result<u64, BackendError> {
+        self.bind()?;
+        let bytes = usize::try_from(size).map_err(|_| BackendError::OutOfMemory)?;
+        // SAFETY: cuMemAlloc writes a device address; the memory is uninitialised, which is
+        // fine for bytes that the allocator hands out as raw storage.
+        let address =
+            unsafe { result::malloc_sync(bytes) }.map_err(|e| device_error("cuMemAlloc", e))?;
+        self.segments.insert(address, size);
+        Ok(address)
+    }
+
+    fn free(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
+        match self.segments.get(&address) {
+            Some(&s) if s == size => {}
+            _ => {
+                return Err(BackendError::Device {
+                    operation: "cuMemFree",
+                    message: format!(
+                        "{address:#x} ({size} bytes) is not a segment this backend allocated"
+                    ),
+                });
+            }
+        }
+        // Work queued on any stream may still use the segment (its blocks were reused on
+        // their stream after earlier frees): wait for all of it before the memory goes back.
+        self.synchronize_all()?;
+        // SAFETY: `address` is a live segment from cuMemAlloc (checked above, and removed
+        // below so it is freed once), and the context was synchronised, so no queued work
+        // still accesses it.
+        unsafe { result::free_sync(address) }.map_err(|e| device_error("cuMemFree", e))?;
+        self.segments.remove(&address);
+        Ok(())
+    }
+
+    fn mem_info(&mut self) -> Result<MemInfo, BackendError> {
+        self.bind()?;
+        let (free, total) = result::mem_get_info().map_err(|e| device_error("cuMemGetInfo", e))?;
+        Ok(MemInfo {
+            free: free as u64,
+            total: total as u64,
+        })
+    }
+
+    fn record_event(&mut self, stream: StreamId) -> Result<EventId, BackendError> {
+        self.bind()?;
+        let handle = self.take_spare_event()?;
+        if self.knows_stream(stream) {
+            // SAFETY: `handle` is a live event from cuEventCreate; the stream handle is one
+            // the backend was shown through a `&CudaStream` of this context (or a built-in
+            // stream), so it is a stream handle of this context. If its owner destroyed it
+            // since, the driver reports an error, handled below.
+            let recorded =
+                unsafe { result::event::record(handle as sys::CUevent, stream.0 as sys::CUstream) };
+            if recorded.is_ok() {
+                return Ok(self.new_event_id(handle));
+            }
+        }
+        // The stream is unknown or gone: wait for all the device's work instead, and return a
+        // fresh event: one never recorded reports completion, which is then true.
+        self.release_event(handle);
+        self.synchronize_all()?;
+        let fresh = result::event::create(CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .map_err(|e| device_error("cuEventCreate", e))?;
+        Ok(self.new_event_id(fresh as usize))
+    }
+
+    fn query_event(&mut self, event: EventId) -> Result<bool, BackendError> {
+        let Some(&handle) = self.events.get(&event.0) else {
+            return Ok(true);
+        };
+        self.bind()?;
+        // SAFETY: `handle` is an outstanding event of this backend (not destroyed: it leaves
+        // `events` before it is released).
+        match unsafe { result::event::query(handle as sys::CUevent) } {
+            Ok(()) => Ok(true),
+            Err(DriverError(CUresult::CUDA_ERROR_NOT_READY)) => Ok(false),
+            Err(e) => Err(device_error("cuEventQuery", e)),
+        }
+    }
+
+    fn synchronize_event(&mut self, event: EventId) -> Result<(), BackendError> {
+        let Some(&handle) = self.events.get(&event.0) else {
+            return Ok(());
+        };
+        self.bind()?;
+        // SAFETY: as in `query_event`.
+        unsafe { result::event::synchronize(handle as sys::CUevent) }
+            .map_err(|e| device_error("cuEventSynchronize", e))
+    }
+
+    fn destroy_event(&mut self, event: EventId) {
+        if let Some(handle) = self.events.remove(&event.0)
+            && self.bind().is_ok()
+        {
+            self.release_event(handle);
+        }
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        if self.bind().is_err() {
+            return;
+        }
+        let _ = result::ctx::synchronize();
+        for (_, handle) in self.events.drain() {
+            // SAFETY: each outstanding event is destroyed once (drained from the map).
+            let _ = unsafe { result::event::destroy(handle as sys::CUevent) };
+        }
+        for handle in self.spare.drain(..) {
+            // SAFETY: each spare event is destroyed once (drained from the pool).
+            let _ = unsafe { result::event::destroy(handle as sys::CUevent) };
+        }
+        for (address, _) in self.segments.drain() {
+            // SAFETY: each live segment came from cuMemAlloc and is freed once (drained from
+            // the map); the context was synchronised above, so no work still accesses it. No
+            // block can be in use: every user-held block keeps the allocator, and with it this
+            // backend, alive.
+            let _ = unsafe { result::free_sync(address) };
+        }
+    }
+}
+
+// Kernel arguments: a buffer goes to a kernel as its device address. These impls record no
+// cross-stream use (cudarc's `LaunchArgs` does not reveal its stream); `super::Launch` does.
+
+// SAFETY: the argument pushed is a reference to the block's `CUdeviceptr` (a `u64`, which is
+// `DeviceRepr`), borrowed for `'b: 'a`, so it outlives the launch builder that reads it.
+unsafe impl<'a, 'b: 'a> PushKernelArg<&'b DeviceBlock> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b DeviceBlock) -> &mut Self {
+        self.arg(arg.address_ref())
+    }
+}
+
+// SAFETY: as for `&DeviceBlock`.
+unsafe impl<'a, 'b: 'a> PushKernelArg<&'b mut DeviceBlock> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b mut DeviceBlock) -> &mut Self {
+        let arg: &'b DeviceBlock = arg;
+        self.arg(arg.address_ref())
+    }
+}
+
+// SAFETY: as for `&DeviceBlock`.
+unsafe impl<'a, 'b: 'a, T> PushKernelArg<&'b DeviceBuffer<T>> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b DeviceBuffer<T>) -> &mut Self {
+        self.arg(arg.block().address_ref())
+    }
+}
+
+// SAFETY: as for `&DeviceBlock`.
+unsafe impl<'a, 'b: 'a, T> PushKernelArg<&'b mut DeviceBuffer<T>> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b mut DeviceBuffer<T>) -> &mut Self {
+        let arg: &'b DeviceBuffer<T> = arg;
+        self.arg(arg.block().address_ref())
+    }
+}
