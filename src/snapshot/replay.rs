@@ -1,0 +1,299 @@
+//! Turning a device trace into a replay program.
+
+use std::collections::HashMap;
+
+use super::{Action, AllocatorSettings, DeviceTrace};
+
+/// One operation of a [`ReplayProgram`].
+///
+/// How a replayer runs them:
+///
+/// - `Alloc { id, size, stream }`: allocate `size` bytes (the size the program asked for) on
+///   `stream` and keep the result as handle `id`. Ids are dense: the `n`-th `Alloc` of a
+///   program has id `n`, so a `Vec` indexed by id holds the live handles.
+/// - `FreeRequested { id }`: the program dropped the tensor. When the next op is
+///   `FreeCompleted` with the same id (always the case for a block used only on its own
+///   stream) the pair is a plain free. Otherwise the block was used on other streams
+///   (`record_stream`) and PyTorch kept it back until those streams' events completed: the
+///   replayer frees it here as a cross-stream free (for instance after recording its use on a
+///   side stream), so that it stays pending, not reusable, until the matching `FreeCompleted`.
+/// - `FreeCompleted { id }`: the block went back to the pool; a replayer that made it pending
+///   completes the side stream's work here.
+/// - `EmptyCache`: the program called `torch.cuda.empty_cache()` (or PyTorch gave its cache back
+///   while failing an allocation; see [`replay_ops_with`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReplayOp {
+    /// Allocate `size` requested bytes on `stream`, as handle `id`.
+    Alloc {
+        /// The handle: the number of `Alloc`s before this one.
+        id: usize,
+        /// The size the program asked for (before PyTorch's rounding).
+        size: u64,
+        /// The stream, as recorded (PyTorch's `cudaStream_t` as an integer; 0 is the default).
+        stream: u64,
+    },
+    /// The program freed handle `id`.
+    FreeRequested {
+        /// The handle.
+        id: usize,
+    },
+    /// Handle `id`'s block went back to the pool.
+    FreeCompleted {
+        /// The handle.
+        id: usize,
+    },
+    /// Release every cached segment that is entirely free.
+    EmptyCache,
+}
+
+/// What a replayer runs to reproduce one device's trace.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplayProgram {
+    /// The operations, in trace order.
+    pub ops: Vec<ReplayOp>,
+    /// The addresses of the trace's `segment_alloc` entries, in order: the simulated device
+    /// hands these out, one per device allocation, so that addresses match the trace's.
+    pub segment_addresses: Vec<u64>,
+}
+
+impl ReplayProgram {
+    /// The number of handles (`Alloc` ops) in the program.
+    pub fn num_handles(&self) -> usize {
+        self.ops
+            .iter()
+            .filter(|op| matches!(op, ReplayOp::Alloc { .. }))
+            .count()
+    }
+}
+
+/// Settings the conversion needs to recognise the allocator's own cache releases.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReplayOptions {
+    /// The allocator's `max_split_size` in bytes, if one was set (a cached block at least this
+    /// large never serves a smaller request).
+    pub max_split_size: Option<u64>,
+}
+
+impl ReplayOptions {
+    /// The options matching a snapshot's recorded allocator settings (defaults when `None`).
+    pub fn from_settings(settings: Option<&AllocatorSettings>) -> ReplayOptions {
+        ReplayOptions {
+            max_split_size: settings.and_then(|s| s.max_split_size),
+        }
+    }
+}
+
+/// Counts of what the conversion did, for checks and diagnostics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplayReport {
+    /// `Alloc` ops emitted (one per `alloc` entry).
+    pub allocs: usize,
+    /// `FreeRequested` ops emitted.
+    pub frees_requested: usize,
+    /// `FreeCompleted` ops emitted.
+    pub frees_completed: usize,
+    /// `FreeCompleted` ops not directly after their `FreeRequested` (cross-stream frees).
+    pub deferred_frees: usize,
+    /// `free_requested`/`free_completed` entries dropped: their address had no live allocation
+    /// (allocated before recording began, or a repeated free).
+    pub unmatched_frees: usize,
+    /// `EmptyCache` ops emitted (runs of `segment_free` entries).
+    pub empty_caches: usize,
+    /// Runs of `segment_free` entries recognised as the allocator's own release inside an
+    /// allocation, and so not emitted.
+    pub internal_releases: usize,
+    /// `alloc` entries at an address whose previous allocation was never freed in the trace
+    /// (the earlier handle stays live forever).
+    pub reused_live_addresses: usize,
+    /// Handles never completed by the end of the trace.
+    pub live_at_end: usize,
+    /// Entries with no replay meaning (`oom`, `snapshot`, `segment_map`, `segment_unmap`,
+    /// `user_defined`, unknown actions).
+    pub ignored_entries: usize,
+}
+
+/// [`replay_ops_with`] with default options (no `max_split_size`).
+pub fn replay_ops(trace: &DeviceTrace) -> ReplayProgram {
+    replay_ops_with(trace, &ReplayOptions::default()).0
+}
+
+const SMALL_SEGMENT: u64 = 2 << 20;
+const SMALL_REQUEST: u64 = 1 << 20;
+
+/// Converts one device's trace into a replay program, and reports what it did.
+///
+/// - Every `alloc` becomes an `Alloc` with the next id; frees are matched to allocations by
+///   address. A free of an address with no live allocation (allocated before recording began)
+///   is dropped; allocations never freed stay live. `free_requested` becomes `FreeRequested`
+///   and `free_completed` becomes `FreeCompleted`, both always emitted (see [`ReplayOp`]).
+/// - Every `segment_alloc` address goes to [`ReplayProgram::segment_addresses`].
+/// - A run of consecutive `segment_free` entries is one release of the cache. PyTorch releases
+///   its cache in two situations: when the program calls `empty_cache()`, and inside an
+///   allocation that found no cached block and whose device allocation failed (the device or
+///   the memory fraction is full: it then frees cached segments and retries). The first kind
+///   becomes one `EmptyCache`; the second is left out, since the replayed allocator does the
+///   same by itself when its device is as full.
+///
+/// A run is taken to be an allocation's own release when all of these hold:
+///
+/// 1. it is directly followed by a `segment_alloc` and then an `alloc` inside that new
+///    segment (the allocation the retry served);
+/// 2. none of the released segments could have served that allocation before being released:
+///    none is on the allocation's stream, in its pool (2 MiB segments are the small pool,
+///    requests up to 1 MiB after rounding to 512 bytes go there), at least as large as the
+///    request rounded to 512 bytes and, with `max_split_size` set, not an oversize block
+///    refused to a smaller request. (Had one fitted, PyTorch would have used it instead of
+///    releasing anything, so the release was the program's `empty_cache()`.)
+/// 3. the device was full: the bytes reserved just before the run plus the new segment exceed
+///    the most bytes reserved at any point of the trace. (Had they fitted under that peak, the
+///    device allocation would have succeeded without releasing anything, as the same device
+///    once held that much. Reserved bytes are counted from the start of the trace, so the
+///    segments held before recording began shift both sides equally.)
+///
+/// A run followed by an `oom` entry (PyTorch released the cache and still failed) becomes an
+/// `EmptyCache`: the failed allocation is not replayed, and an `EmptyCache` leaves the cache as
+/// the release did. Not recognised: releases by the garbage collector
+/// (`garbage_collection_threshold` with a memory fraction), which look like an explicit
+/// `empty_cache()` that frees only some segments, and the rounding of
+/// `roundup_power2_divisions` in rule 2 (a request that PyTorch rounds up beyond a released
+/// segment's size is still counted as servable by it). An explicit `empty_cache()` that a
+/// program calls right before an allocation that needs a new segment beyond the trace's peak
+/// is taken for an internal release; a replayer whose device capacity equals PyTorch's peak
+/// reserved bytes then releases the same segments by itself.
+pub fn replay_ops_with(
+    trace: &DeviceTrace,
+    options: &ReplayOptions,
+) -> (ReplayProgram, ReplayReport) {
+    let entries = &trace.entries;
+    let n = entries.len();
+
+    // Reserved bytes before each entry, counted from the start of the trace, and their peak.
+    let mut reserved_before = Vec::with_capacity(n);
+    let mut reserved: i128 = 0;
+    let mut peak: i128 = 0;
+    for e in entries {
+        reserved_before.push(reserved);
+        match e.action {
+            Action::SegmentAlloc | Action::SegmentMap => reserved += i128::from(e.size),
+            Action::SegmentFree | Action::SegmentUnmap => reserved -= i128::from(e.size),
+            _ => {}
+        }
+        peak = peak.max(reserved);
+    }
+
+    struct Live {
+        id: usize,
+        requested: bool,
+    }
+    let mut live: HashMap<u64, Live> = HashMap::new();
+    let mut program = ReplayProgram::default();
+    let mut report = ReplayReport::default();
+    let mut next_id = 0usize;
+
+    let mut i = 0;
+    while i < n {
+        let e = &entries[i];
+        match e.action {
+            Action::Alloc => {
+                let id = next_id;
+                next_id += 1;
+                if live
+                    .insert(
+                        e.addr,
+                        Live {
+                            id,
+                            requested: false,
+                        },
+                    )
+                    .is_some()
+                {
+                    report.reused_live_addresses += 1;
+                }
+                program.ops.push(ReplayOp::Alloc {
+                    id,
+                    size: e.size,
+                    stream: e.stream,
+                });
+                report.allocs += 1;
+            }
+            Action::FreeRequested => match live.get_mut(&e.addr) {
+                Some(l) if !l.requested => {
+                    l.requested = true;
+                    program.ops.push(ReplayOp::FreeRequested { id: l.id });
+                    report.frees_requested += 1;
+                }
+                _ => report.unmatched_frees += 1,
+            },
+            Action::FreeCompleted => match live.remove(&e.addr) {
+                Some(l) => {
+                    if !l.requested {
+                        program.ops.push(ReplayOp::FreeRequested { id: l.id });
+                        report.frees_requested += 1;
+                    } else if program.ops.last() != Some(&ReplayOp::FreeRequested { id: l.id }) {
+                        report.deferred_frees += 1;
+                    }
+                    program.ops.push(ReplayOp::FreeCompleted { id: l.id });
+                    report.frees_completed += 1;
+                }
+                None => report.unmatched_frees += 1,
+            },
+            Action::SegmentAlloc => program.segment_addresses.push(e.addr),
+            Action::SegmentFree => {
+                let mut end = i;
+                while end < n && entries[end].action == Action::SegmentFree {
+                    end += 1;
+                }
+                if is_internal_release(trace, i, end, &reserved_before, peak, options) {
+                    report.internal_releases += 1;
+                } else {
+                    program.ops.push(ReplayOp::EmptyCache);
+                    report.empty_caches += 1;
+                }
+                i = end;
+                continue;
+            }
+            _ => report.ignored_entries += 1,
+        }
+        i += 1;
+    }
+    report.live_at_end = live.len();
+    (program, report)
+}
+
+/// Whether the `segment_free` run `entries[start..end]` is the allocator's own release (see
+/// [`replay_ops_with`]).
+fn is_internal_release(
+    trace: &DeviceTrace,
+    start: usize,
+    end: usize,
+    reserved_before: &[i128],
+    peak: i128,
+    options: &ReplayOptions,
+) -> bool {
+    let entries = &trace.entries;
+    let (Some(seg), Some(alloc)) = (entries.get(end), entries.get(end + 1)) else {
+        return false;
+    };
+    if seg.action != Action::SegmentAlloc || alloc.action != Action::Alloc {
+        return false;
+    }
+    let inside = alloc.addr >= seg.addr && alloc.addr - seg.addr < seg.size;
+    if !inside {
+        return false;
+    }
+    let need = alloc.size.max(1).div_ceil(512).saturating_mul(512);
+    let small = need <= SMALL_REQUEST;
+    let servable = entries[start..end].iter().any(|freed| {
+        let oversize_refused = options
+            .max_split_size
+            .is_some_and(|max| need < max && freed.size >= max);
+        freed.stream == alloc.stream
+            && (freed.size == SMALL_SEGMENT) == small
+            && freed.size >= need
+            && !oversize_refused
+    });
+    if servable {
+        return false;
+    }
+    reserved_before[start] + i128::from(seg.size) > peak
+}
