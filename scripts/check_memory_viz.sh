@@ -4,6 +4,10 @@
 # `segments`, `memory`, `trace_plot` and `segment_plot` commands on each FILE and fails on
 # the first error. FILE may be gzip-compressed (*.gz).
 #
+# Seen passing on 2026-11-30 with PyTorch 2.11.0 for snapshots written by cachalot's
+# write_snapshot (the re-written fixtures of tests/fixtures/traces and a hand-built one with
+# pending and free blocks, an oom entry and two devices).
+#
 # usage: scripts/check_memory_viz.sh FILE [FILE ...]
 #   PYTHON   python with torch installed (default: python3)
 #   KEEP=DIR keep the outputs (stats.txt, trace.txt, *.svg, *.html) under DIR/<file name>/

@@ -1,8 +1,9 @@
 //! write_snapshot → parse_snapshot gives back the same snapshot; the protocol 2, 3 and 5 and
 //! gzip forms of a recorded snapshot read the same as the protocol 4 original.
 //!
-//! With `CACHALOT_WRITE_ROUNDTRIP_DIR=DIR`, `every_fixture_round_trips` also leaves each
-//! re-written fixture in DIR, for `scripts/check_memory_viz.sh` on a machine with PyTorch.
+//! With `CACHALOT_WRITE_ROUNDTRIP_DIR=DIR`, the tests also leave what they wrote in DIR (each
+//! re-written fixture under its own name, and `hand_built.pickle`), for
+//! `scripts/check_memory_viz.sh` on a machine with PyTorch.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -151,6 +152,10 @@ fn a_hand_built_snapshot_round_trips() {
         bytes.starts_with(b"\x80\x03"),
         "serde-pickle writes protocol 3"
     );
+    if let Some(out) = std::env::var_os("CACHALOT_WRITE_ROUNDTRIP_DIR").map(PathBuf::from) {
+        std::fs::create_dir_all(&out).unwrap();
+        std::fs::write(out.join("hand_built.pickle"), &bytes).unwrap();
+    }
     let back = parse_snapshot(&bytes).unwrap();
     assert_eq!(back, snap);
     assert_eq!(write(&back), bytes, "writing is deterministic");

@@ -21,7 +21,7 @@ pub struct ReadLimits {
     pub max_input_bytes: u64,
     /// Most pickle values decoding may build or reach, memo references expanded (default
     /// 2^25). Decoding costs about 100 bytes of memory per value at most; a snapshot without
-    /// stack frames has about 13 values per trace entry, and one with frames many more (raise
+    /// stack frames has about 15 values per trace entry, and one with frames many more (raise
     /// this limit for those).
     pub max_values: u64,
     /// Deepest nesting of values (default 32; a snapshot nests 7 deep).
