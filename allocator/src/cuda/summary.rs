@@ -30,7 +30,7 @@ pub fn memory_summary(stats: &Stats, device: usize) -> String {
     let rule = |c: char| c.to_string().repeat(75);
     lines.push(rule('='));
     lines.push(format!(
-        " {:16} cachalot CUDA memory summary, device ID {:<15} ",
+        " {:16} cachalot CUDA memory summary, device ID {:<16} ",
         "", device
     ));
     lines.push(rule('-'));
@@ -144,9 +144,10 @@ mod tests {
         assert_eq!(format_size(0, 0), "     0 B  ");
         assert_eq!(format_size(512, 512), "   512 B  ");
         assert_eq!(format_size(3 << 20, 3 << 20), "  3072 KiB");
-        assert_eq!(format_size(20 << 20, 20 << 20), "    20 MiB");
+        assert_eq!(format_size(20 << 20, 20 << 20), " 20480 KiB");
+        assert_eq!(format_size(1 << 30, 1 << 30), "  1024 MiB");
         // A pool's figure is scaled by the row for all memory.
-        assert_eq!(format_size(512, 20 << 20), "     0 MiB");
+        assert_eq!(format_size(512, 20 << 20), "     0 KiB");
         assert_eq!(format_count(5, 5), "      5   ");
         assert_eq!(format_count(2_000_000, 2_000_000), "   2000 K ");
     }
@@ -167,7 +168,7 @@ mod tests {
             assert!(line.starts_with('|') && line.ends_with('|'));
         }
         assert!(text.contains(
-            "| Allocated memory      |    123 GiB |    123 GiB |    123 GiB |      0 B   |"
+            "| Allocated memory      | 125952 MiB | 125952 MiB | 125952 MiB |      0 B   |"
         ));
     }
 }
