@@ -118,9 +118,11 @@ impl DeviceBlock {
     ///
     /// Copies and [`Launch`] do this automatically; call it for uses cachalot cannot see, such
     /// as a raw launch through cudarc's `LaunchArgs` on another stream. Recording the block's
-    /// own stream does nothing.
+    /// own stream, or an empty block, does nothing.
     pub fn record_stream(&self, stream: &Arc<CudaStream>) -> Result<(), CudaError> {
-        if stream_id(stream) == stream_id(&self.stream) && self.same_context(stream) {
+        if self.address == 0
+            || (stream_id(stream) == stream_id(&self.stream) && self.same_context(stream))
+        {
             return Ok(());
         }
         self.alloc.record_raw_stream(self.address, stream)

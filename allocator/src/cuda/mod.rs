@@ -2,7 +2,7 @@
 //! [cudarc](https://docs.rs/cudarc).
 //!
 //! The one rule: this module adds devices, not policy. Every decision is made by the same
-//! [`CachingCore`](crate::CachingCore) the reference model checks; [`CudaBackend`] turns those
+//! [`CachingCore`] the reference model checks; [`CudaBackend`] turns those
 //! decisions into driver calls, and [`DeviceBlock`] and [`DeviceBuffer`] give the memory to the
 //! user as owned values that return to the cache on drop.
 //!
@@ -65,6 +65,7 @@ use crate::backend::MemInfo;
 use crate::error::Error;
 use crate::frontend::Allocator;
 use crate::policy::{CachingCore, SegmentInfo};
+
 use crate::settings::Settings;
 use crate::stats::Stats;
 
