@@ -4,5 +4,6 @@
 
 pub mod differential;
 pub mod op;
+pub mod replay;
 pub mod scenario;
 pub mod snapshot;

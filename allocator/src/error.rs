@@ -94,7 +94,8 @@ impl std::fmt::Display for OutOfMemory {
             format_size(self.allocated),
             format_size(self.reserved_unallocated),
         )?;
-        if self.reserved_unallocated > self.allocated / 4 && self.reserved_unallocated > 0 {
+        if self.reserved_unallocated > (256 << 20) && self.reserved_unallocated > self.allocated / 4
+        {
             write!(
                 f,
                 " Reserved but unallocated memory is large: empty_cache() returns whole free segments; memory stranded in split segments stays until its neighbours are freed."

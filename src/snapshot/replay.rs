@@ -107,6 +107,8 @@ pub struct ReplayReport {
     pub reused_live_addresses: usize,
     /// Handles never completed by the end of the trace.
     pub live_at_end: usize,
+    /// `oom` entries replayed as allocations that fail again.
+    pub failed_allocs: usize,
     /// Entries with no replay meaning (`oom`, `snapshot`, `segment_map`, `segment_unmap`,
     /// `user_defined`, unknown actions).
     pub ignored_entries: usize,
@@ -150,9 +152,9 @@ const SMALL_REQUEST: u64 = 1 << 20;
 ///    once held that much. Reserved bytes are counted from the start of the trace, so the
 ///    segments held before recording began shift both sides equally.)
 ///
-/// A run followed by an `oom` entry (PyTorch released the cache and still failed) becomes an
-/// `EmptyCache`: the failed allocation is not replayed, and an `EmptyCache` leaves the cache as
-/// the release did. Not recognised: releases by the garbage collector
+/// A run followed by an `oom` entry is PyTorch releasing its cache before failing an
+/// allocation: it is left out, and the failed allocation is replayed as an `Alloc` (which
+/// fails again, releasing the same cache by itself). Not recognised: releases by the garbage collector
 /// (`garbage_collection_threshold` with a memory fraction), which look like an explicit
 /// `empty_cache()` that frees only some segments, and the rounding of
 /// `roundup_power2_divisions` in rule 2 (a request that PyTorch rounds up beyond a released
@@ -238,12 +240,26 @@ pub fn replay_ops_with(
                 None => report.unmatched_frees += 1,
             },
             Action::SegmentAlloc => program.segment_addresses.push(e.addr),
+            Action::Oom => {
+                // The allocation PyTorch failed: replayed, it fails the same way (its own cache
+                // release included), so it counts in `num_ooms` as PyTorch's did. Its recorded
+                // size is already rounded, and rounding is idempotent.
+                program.ops.push(ReplayOp::Alloc {
+                    id: next_id,
+                    size: e.size,
+                    stream: e.stream,
+                });
+                next_id += 1;
+                report.failed_allocs += 1;
+            }
             Action::SegmentFree => {
                 let mut end = i;
                 while end < n && entries[end].action == Action::SegmentFree {
                     end += 1;
                 }
-                if is_internal_release(trace, i, end, &reserved_before, peak, options) {
+                let before_oom = entries.get(end).is_some_and(|e| e.action == Action::Oom);
+                if before_oom || is_internal_release(trace, i, end, &reserved_before, peak, options)
+                {
                     report.internal_releases += 1;
                 } else {
                     program.ops.push(ReplayOp::EmptyCache);
