@@ -13,6 +13,7 @@ use rustc_hash::FxHashMap;
 use crate::backend::{Backend, BackendError, EventId, StreamId};
 use crate::block::{Block, BlockId, BlockState, Slab};
 use crate::error::{Error, OutOfMemory};
+use crate::history::{TraceAction, TraceEvent};
 use crate::settings::Settings;
 use crate::sizes::{MAX_ALLOC_SIZE, MIN_BLOCK_SIZE, Pool, SMALL_SIZE, round_size, segment_size};
 use crate::stats::Stats;
@@ -65,6 +66,8 @@ pub struct CachingCore<B: Backend> {
     allowed_max: Option<u64>,
     /// Per pool: best-fit searches made while garbage collection is on (rule 6, rule 12).
     searches: [u64; 2],
+    /// The recorded history, when recording is on.
+    history: Option<Vec<TraceEvent>>,
 }
 
 impl<B: Backend> CachingCore<B> {
@@ -99,6 +102,7 @@ impl<B: Backend> CachingCore<B> {
             reserved: 0,
             allowed_max: None,
             searches: [0; 2],
+            history: None,
         };
         if let Some(f) = fraction {
             core.set_memory_fraction(f)?;
@@ -135,6 +139,33 @@ impl<B: Backend> CachingCore<B> {
     /// The backend, mutably (the simulated device takes faults and stream completions here).
     pub fn backend_mut(&mut self) -> &mut B {
         &mut self.backend
+    }
+
+    /// Starts (or stops, dropping what was recorded) recording the history of allocations,
+    /// frees and segment changes, as PyTorch's `_record_memory_history` does.
+    pub fn record_history(&mut self, enabled: bool) {
+        self.history = if enabled {
+            Some(self.history.take().unwrap_or_default())
+        } else {
+            None
+        };
+    }
+
+    /// The history recorded so far (empty when recording is off).
+    pub fn history(&self) -> &[TraceEvent] {
+        self.history.as_deref().unwrap_or(&[])
+    }
+
+    #[inline]
+    fn trace(&mut self, action: TraceAction, address: u64, size: u64, stream: StreamId) {
+        if let Some(h) = &mut self.history {
+            h.push(TraceEvent {
+                action,
+                address,
+                size,
+                stream,
+            });
+        }
     }
 
     /// Number of live (allocated) blocks.
@@ -177,7 +208,7 @@ impl<B: Backend> CachingCore<B> {
             Some(id) => id,
             None => match self.allocate_when_uncached(pool, stream, alloc_size, rounded)? {
                 Some(id) => id,
-                None => return Err(self.out_of_memory(size, alloc_size)),
+                None => return Err(self.out_of_memory(size, rounded, alloc_size, stream)),
             },
         };
         Ok(self.hand_out(id, rounded, size))
@@ -206,11 +237,18 @@ impl<B: Backend> CachingCore<B> {
         self.alloc_segment(pool, stream, alloc_size, true)
     }
 
-    fn out_of_memory(&mut self, requested: u64, alloc_size: u64) -> Error {
+    fn out_of_memory(
+        &mut self,
+        requested: u64,
+        rounded: u64,
+        alloc_size: u64,
+        stream: StreamId,
+    ) -> Error {
         let info = match self.backend.mem_info() {
             Ok(info) => info,
             Err(e) => return Error::Backend(e),
         };
+        self.trace(TraceAction::Oom, info.free, rounded, stream);
         self.stats.num_ooms += 1;
         let allocated = self.stats.allocated_bytes.all.current as u64;
         Error::OutOfMemory(Box::new(OutOfMemory {
@@ -278,6 +316,7 @@ impl<B: Backend> CachingCore<B> {
             self.stats.oversize_segments.increase(1);
         }
         self.stats.num_device_alloc += 1;
+        self.trace(TraceAction::SegmentAlloc, address, size, stream);
         let id = self.blocks.insert(Block {
             address,
             size,
@@ -353,6 +392,7 @@ impl<B: Backend> CachingCore<B> {
         b.requested = requested;
         let size = b.size;
         self.live.insert(address, id);
+        self.trace(TraceAction::Alloc, address, requested, stream);
         let s = &mut self.stats;
         s.allocation.increase(pool, 1);
         s.allocated_bytes.increase(pool, size);
@@ -393,10 +433,11 @@ impl<B: Backend> CachingCore<B> {
             }
         }
         self.live.remove(&address);
-        let (pool, size) = {
+        let (pool, size, requested, stream) = {
             let b = self.blocks.get(id);
-            (b.pool, b.size)
+            (b.pool, b.size, b.requested, b.stream)
         };
+        self.trace(TraceAction::FreeRequested, address, requested, stream);
         self.stats.allocation.decrease(pool, 1);
         self.stats.allocated_bytes.decrease(pool, size);
         if size >= self.settings.max_split_size {
@@ -435,6 +476,11 @@ impl<B: Backend> CachingCore<B> {
             let b = self.blocks.get(id);
             (b.pool, b.size, b.requested, b.prev, b.next)
         };
+        if self.history.is_some() {
+            let b = self.blocks.get(id);
+            let (address, stream) = (b.address, b.stream);
+            self.trace(TraceAction::FreeCompleted, address, requested, stream);
+        }
         let p = pool.index();
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
@@ -552,6 +598,7 @@ impl<B: Backend> CachingCore<B> {
         };
         self.backend.free(address, size)?;
         self.stats.num_device_free += 1;
+        self.trace(TraceAction::SegmentFree, address, size, stream);
         self.free[pool.index()].remove(&(stream, size, address, id));
         self.blocks.remove(id);
         self.reserved -= size;
