@@ -61,9 +61,21 @@ fn from_alloc<T>(r: Result<T, Error>, value: impl Fn(T) -> u64) -> Outcome {
 fn from_model<T>(r: Result<T, ModelError>, value: impl Fn(T) -> u64) -> Outcome {
     match r {
         Ok(v) => Outcome::Ok(value(v)),
-        Err(ModelError::OutOfMemory { alloc_size, capacity, device_free, allowed, allocated, reserved_unallocated }) => {
-            Outcome::OutOfMemory { alloc_size, capacity, device_free, allowed, allocated, reserved_unallocated }
-        }
+        Err(ModelError::OutOfMemory {
+            alloc_size,
+            capacity,
+            device_free,
+            allowed,
+            allocated,
+            reserved_unallocated,
+        }) => Outcome::OutOfMemory {
+            alloc_size,
+            capacity,
+            device_free,
+            allowed,
+            allocated,
+            reserved_unallocated,
+        },
         Err(ModelError::TooLarge { .. }) => Outcome::TooLarge,
         Err(ModelError::UnknownAddress { .. }) => Outcome::UnknownPointer,
         Err(ModelError::InvalidFraction { .. }) => Outcome::InvalidFraction,
@@ -91,7 +103,13 @@ pub fn allocator_layout(core: &CachingCore<SimDevice>) -> Layout {
                     (b.address, b.size, if st == 0 { 0 } else { b.requested }, st)
                 })
                 .collect();
-            (s.address, s.size, s.stream.0, s.pool == cachalot::sizes::Pool::Small, blocks)
+            (
+                s.address,
+                s.size,
+                s.stream.0,
+                s.pool == cachalot::sizes::Pool::Small,
+                blocks,
+            )
         })
         .collect()
 }
@@ -133,9 +151,16 @@ pub struct Differential {
 impl Differential {
     /// Both sides, configured by `knobs`.
     pub fn new(knobs: &Knobs) -> Result<Differential, String> {
-        let alloc = CachingCore::new(SimDevice::new(knobs.capacity), knobs.settings()).map_err(|e| e.to_string())?;
+        let alloc = CachingCore::new(SimDevice::new(knobs.capacity), knobs.settings())
+            .map_err(|e| e.to_string())?;
         let model = Model::new(knobs.model_config(Vec::new()));
-        Ok(Differential { alloc, model, live: Vec::new(), freed: Vec::new(), step: 0 })
+        Ok(Differential {
+            alloc,
+            model,
+            live: Vec::new(),
+            freed: Vec::new(),
+            step: 0,
+        })
     }
 
     /// Live allocations, in the order they were made.
@@ -155,27 +180,37 @@ impl Differential {
                 let s = Self::stream(stream);
                 let a = from_alloc(self.alloc.malloc(size, StreamId(s)), |v| v);
                 let m = from_model(self.model.malloc(size, s), |v| v);
-                if let (Outcome::Ok(addr), Outcome::Ok(_)) = (&a, &m) {
-                    if *addr != 0 {
-                        self.live.push(*addr);
-                    }
+                if let (Outcome::Ok(addr), Outcome::Ok(_)) = (&a, &m)
+                    && *addr != 0
+                {
+                    self.live.push(*addr);
                 }
                 (a, m)
             }
             Op::Free { pick } => {
                 if self.live.is_empty() {
                     let addr = 0xdead_0000;
-                    (from_alloc(self.alloc.free(addr), |_| 0), from_model(self.model.free(addr), |_| 0))
+                    (
+                        from_alloc(self.alloc.free(addr), |_| 0),
+                        from_model(self.model.free(addr), |_| 0),
+                    )
                 } else {
                     let addr = self.live.remove(pick as usize % self.live.len());
-                    let r = (from_alloc(self.alloc.free(addr), |_| 0), from_model(self.model.free(addr), |_| 0));
+                    let r = (
+                        from_alloc(self.alloc.free(addr), |_| 0),
+                        from_model(self.model.free(addr), |_| 0),
+                    );
                     self.freed.push(addr);
                     r
                 }
             }
             Op::RecordStream { pick, stream } => {
                 let s = Self::stream(stream);
-                let addr = if self.live.is_empty() { 0xdead_0000 } else { self.live[pick as usize % self.live.len()] };
+                let addr = if self.live.is_empty() {
+                    0xdead_0000
+                } else {
+                    self.live[pick as usize % self.live.len()]
+                };
                 (
                     from_alloc(self.alloc.record_stream(addr, StreamId(s)), |_| 0),
                     from_model(self.model.record_stream(addr, s), |_| 0),
@@ -187,12 +222,13 @@ impl Differential {
                 self.model.complete_stream(s);
                 (Outcome::Ok(0), Outcome::Ok(0))
             }
-            Op::EmptyCache => {
-                (from_alloc(self.alloc.empty_cache(), |_| 0), Outcome::Ok({
+            Op::EmptyCache => (
+                from_alloc(self.alloc.empty_cache(), |_| 0),
+                Outcome::Ok({
                     self.model.empty_cache();
                     0
-                }))
-            }
+                }),
+            ),
             Op::SetFraction { per_mille } => {
                 let f = f64::from(per_mille) / 1000.0;
                 (
@@ -214,13 +250,20 @@ impl Differential {
                 if addr == 0 || self.live.contains(&addr) {
                     addr |= 1;
                 }
-                (from_alloc(self.alloc.free(addr), |_| 0), from_model(self.model.free(addr), |_| 0))
+                (
+                    from_alloc(self.alloc.free(addr), |_| 0),
+                    from_model(self.model.free(addr), |_| 0),
+                )
             }
         };
         if a != m {
-            return Err(format!("step {}: {op:?}: allocator gave {a:?}, model gave {m:?}", self.step));
+            return Err(format!(
+                "step {}: {op:?}: allocator gave {a:?}, model gave {m:?}",
+                self.step
+            ));
         }
-        self.compare().map_err(|e| format!("step {}: after {op:?}: {e}", self.step))
+        self.compare()
+            .map_err(|e| format!("step {}: after {op:?}: {e}", self.step))
     }
 
     /// Compares statistics, layout, device memory and both invariant checks.
@@ -230,11 +273,16 @@ impl Differential {
         if sa != sm {
             let mut diffs = Vec::new();
             diff_json("", &sa, &sm, &mut diffs);
-            return Err(format!("statistics differ (allocator vs model): {}", diffs.join("; ")));
+            return Err(format!(
+                "statistics differ (allocator vs model): {}",
+                diffs.join("; ")
+            ));
         }
         let (la, lm) = (allocator_layout(&self.alloc), model_layout(&self.model));
         if la != lm {
-            return Err(format!("layouts differ:\n allocator {la:x?}\n model     {lm:x?}"));
+            return Err(format!(
+                "layouts differ:\n allocator {la:x?}\n model     {lm:x?}"
+            ));
         }
         if self.alloc.backend().used() != self.model.device_used() {
             return Err(format!(
@@ -243,8 +291,12 @@ impl Differential {
                 self.model.device_used()
             ));
         }
-        self.alloc.check_invariants().map_err(|e| format!("allocator invariant: {e}"))?;
-        self.model.check_invariants().map_err(|e| format!("model invariant: {e}"))?;
+        self.alloc
+            .check_invariants()
+            .map_err(|e| format!("allocator invariant: {e}"))?;
+        self.model
+            .check_invariants()
+            .map_err(|e| format!("model invariant: {e}"))?;
         Ok(())
     }
 }
@@ -253,7 +305,11 @@ fn diff_json(path: &str, a: &serde_json::Value, b: &serde_json::Value, out: &mut
     match (a, b) {
         (serde_json::Value::Object(x), serde_json::Value::Object(y)) => {
             for (k, va) in x {
-                let p = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+                let p = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
                 match y.get(k) {
                     Some(vb) => diff_json(&p, va, vb, out),
                     None => out.push(format!("{p} missing in model")),
@@ -284,7 +340,10 @@ pub fn run_scenario(scenario: &Scenario) -> Result<(), String> {
     }
     d.apply(&Op::EmptyCache)?;
     if d.alloc.backend().used() != 0 {
-        return Err(format!("{} bytes still held after freeing everything and emptying the cache", d.alloc.backend().used()));
+        return Err(format!(
+            "{} bytes still held after freeing everything and emptying the cache",
+            d.alloc.backend().used()
+        ));
     }
     Ok(())
 }
