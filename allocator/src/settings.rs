@@ -30,6 +30,7 @@
 //! | `pinned_num_register_threads` | power of two ≤ 128 | [`Settings::pinned_num_register_threads`] |
 //! | `pinned_use_background_threads` | `True` / `False` | [`Settings::pinned_use_background_threads`] |
 //! | `backend` | `native` / `cudaMallocAsync` | [`Settings::backend`] |
+//! | `thread_cache_blocks` | integer ≤ 1024 (cachalot's own key) | [`Settings::thread_cache_blocks`] |
 //!
 //! The list form of `roundup_power2_divisions` is `[K:D,K:D,...]`. Each `K` is a size in MB
 //! that is a power of two and names the interval `clamp(log2 K, 0, 15)`; each `D` is `0` or a
@@ -152,7 +153,18 @@ pub struct Settings {
     pub pinned_use_background_threads: bool,
     /// The device allocator behind the cache.
     pub backend: AllocatorBackend,
+    /// cachalot's own policy, not PyTorch's: how many freed blocks each thread keeps for
+    /// itself in front of the shared cache ([`crate::Allocator`]'s thread caches, rule 17 of
+    /// ARCHITECTURE.md). `0` (PyTorch's behaviour, [`Settings::pytorch`]) turns them off;
+    /// cachalot's default is [`THREAD_CACHE_BLOCKS`].
+    pub thread_cache_blocks: u32,
 }
+
+/// cachalot's default for [`Settings::thread_cache_blocks`].
+pub const THREAD_CACHE_BLOCKS: u32 = 8;
+
+/// The largest accepted [`Settings::thread_cache_blocks`]: a thread cache is scanned linearly.
+pub const MAX_THREAD_CACHE_BLOCKS: u32 = 1024;
 
 /// Why a configuration string, or a value given to a setter, was refused.
 ///
@@ -241,14 +253,21 @@ impl Settings {
             pinned_num_register_threads: 1,
             pinned_use_background_threads: false,
             backend: AllocatorBackend::Native,
+            thread_cache_blocks: 0,
         }
     }
 
     /// cachalot's own defaults, also [`Default`]. They start from PyTorch's
-    /// ([`Settings::pytorch`]) and are, for now, identical to them; any departure will be
-    /// made here and documented.
+    /// ([`Settings::pytorch`]) and depart from them in one way, documented here:
+    ///
+    /// * `thread_cache_blocks` is [`THREAD_CACHE_BLOCKS`]: each thread keeps up to that many
+    ///   of the blocks it freed, and hands them straight back to its own requests of the same
+    ///   size on the same stream (rule 17 of ARCHITECTURE.md, checked against the model).
     pub fn cachalot() -> Settings {
-        Settings::pytorch()
+        Settings {
+            thread_cache_blocks: THREAD_CACHE_BLOCKS,
+            ..Settings::pytorch()
+        }
     }
 
     /// Parses a configuration string over the defaults: `Settings::default().apply(s)`.
@@ -404,6 +423,14 @@ impl Settings {
                     check_register_threads(parse_u64(key, v)?).map_err(|r| invalid(key, v, r))?;
             }
             Key::PinnedBackground => self.pinned_use_background_threads = parse_bool(cursor, key)?,
+            Key::ThreadCacheBlocks => {
+                let v = scalar(cursor, key)?;
+                let n = parse_u64(key, v)?;
+                if n > u64::from(MAX_THREAD_CACHE_BLOCKS) {
+                    return Err(invalid(key, v, "too large, must be <= 1024"));
+                }
+                self.thread_cache_blocks = n as u32;
+            }
             Key::Backend => {
                 let v = scalar(cursor, key)?;
                 self.backend = match v {
@@ -510,6 +537,15 @@ impl fmt::Display for Settings {
         if self.backend != d.backend {
             parts.push(format!("{}:{}", Key::Backend.name(), self.backend));
         }
+        // cachalot's own key: omitted when equal to the default that `parse` starts from, so
+        // that the defaults display as the empty string and every value round-trips.
+        if self.thread_cache_blocks != THREAD_CACHE_BLOCKS {
+            parts.push(format!(
+                "{}:{}",
+                Key::ThreadCacheBlocks.name(),
+                self.thread_cache_blocks
+            ));
+        }
         f.write_str(&parts.join(","))
     }
 }
@@ -574,11 +610,12 @@ enum Key {
     PinnedThreads,
     PinnedBackground,
     Backend,
+    ThreadCacheBlocks,
 }
 
 impl Key {
     /// Every key.
-    const ALL: [Key; 11] = [
+    const ALL: [Key; 12] = [
         Key::MaxSplitSize,
         Key::MaxNonSplitRounding,
         Key::GcThreshold,
@@ -590,6 +627,7 @@ impl Key {
         Key::PinnedThreads,
         Key::PinnedBackground,
         Key::Backend,
+        Key::ThreadCacheBlocks,
     ];
 
     /// The key as written in a configuration string.
@@ -606,6 +644,7 @@ impl Key {
             Key::PinnedThreads => "pinned_num_register_threads",
             Key::PinnedBackground => "pinned_use_background_threads",
             Key::Backend => "backend",
+            Key::ThreadCacheBlocks => "thread_cache_blocks",
         }
     }
 
@@ -1072,11 +1111,18 @@ mod tests {
     }
 
     #[test]
-    fn cachalot_defaults_are_the_default_and_equal_pytorchs_so_display_round_trips() {
+    fn cachalot_defaults_differ_from_pytorchs_only_in_the_thread_caches() {
         // Display omits keys equal to PyTorch's defaults while parse starts from cachalot's:
-        // if the two ever differ, Display must be revisited.
+        // the one key where they differ, thread_cache_blocks, is compared with cachalot's.
         assert_eq!(Settings::default(), Settings::cachalot());
-        assert_eq!(Settings::cachalot(), Settings::pytorch());
+        assert_eq!(
+            Settings::cachalot(),
+            Settings {
+                thread_cache_blocks: THREAD_CACHE_BLOCKS,
+                ..Settings::pytorch()
+            }
+        );
+        assert_eq!(Settings::pytorch().thread_cache_blocks, 0);
     }
 
     #[test]
@@ -1104,7 +1150,7 @@ mod tests {
             Settings {
                 garbage_collection_threshold: 0.6,
                 max_split_size: 128 * MB,
-                ..Settings::pytorch()
+                ..Settings::cachalot()
             }
         );
     }
@@ -1798,8 +1844,18 @@ mod tests {
 
     #[test]
     fn the_defaults_display_as_the_empty_string() {
-        assert_eq!(Settings::pytorch().to_string(), "");
         assert_eq!(Settings::default().to_string(), "");
+        // PyTorch's settings differ from cachalot's in the thread caches only.
+        assert_eq!(Settings::pytorch().to_string(), "thread_cache_blocks:0");
+        assert_eq!(Settings::parse("thread_cache_blocks:0"), Ok(Settings::pytorch()));
+        assert_eq!(
+            Settings::parse("thread_cache_blocks:1025").unwrap_err(),
+            SettingsError::InvalidValue {
+                key: "thread_cache_blocks".into(),
+                value: "1025".into(),
+                reason: "too large, must be <= 1024".into()
+            }
+        );
     }
 
     #[test]
@@ -1976,6 +2032,7 @@ mod tests {
             bool_word().prop_map(|b| format!("pinned_use_background_threads:{b}")),
             prop::sample::select(vec!["native", "cudaMallocAsync"])
                 .prop_map(|b| format!("backend:{b}")),
+            (0u64..1100).prop_map(|n| format!("thread_cache_blocks:{n}")),
         ];
         prop::collection::vec(pair, 0..8).prop_map(|v| v.join(","))
     }
@@ -2028,6 +2085,7 @@ mod tests {
                     pinned_num_register_threads: threads,
                     pinned_use_background_threads: bg,
                     backend,
+                    thread_cache_blocks: (msz % 4) as u32 * 7,
                 },
             )
     }
