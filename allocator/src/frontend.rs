@@ -1,14 +1,25 @@
 //! The thread-safe front end: one allocator per device, shared by every thread.
 //!
-//! The one rule: the front end adds sharing, never policy. Every decision is made by the
-//! [`CachingCore`] behind it, so the reference model checks the front end's decisions too.
+//! The one rule: the front end adds sharing and, when [`Settings::thread_cache_blocks`] is not
+//! zero, thread caches (rule 17 of ARCHITECTURE.md) — nothing else. Every other decision is
+//! made by the [`CachingCore`] behind one lock, so each run is a sequence of the core's
+//! operations and of rule-17 steps, which the reference model replays and checks.
+//!
+//! With thread caches off (PyTorch's settings) every method takes the shared lock and calls
+//! the core: exactly PyTorch's single-mutex allocator. With them on, a thread's `malloc` that
+//! finds a block it parked, and its `free` of a block it was handed, touch only the thread's own
+//! cache ([`crate::thread_cache`]); everything else takes the shared lock.
+
+use rustc_hash::FxHashMap;
 
 use crate::backend::{Backend, StreamId};
 use crate::error::Error;
 use crate::policy::{CachingCore, SegmentInfo};
 use crate::settings::Settings;
+use crate::sizes::MAX_ALLOC_SIZE;
 use crate::stats::Stats;
-use crate::sync::{Arc, Mutex, lock};
+use crate::sync::{Arc, Mutex, MutexGuard, lock};
+use crate::thread_cache::{self, Local, LocalState, Meta, Registry};
 
 /// A caching allocator for one device: `Send + Sync`, and cheap to clone (clones share the
 /// cache).
@@ -21,13 +32,41 @@ use crate::sync::{Arc, Mutex, lock};
 /// std::thread::spawn(move || {
 ///     let p = worker.malloc(4096, StreamId(0)).unwrap();
 ///     worker.free(p).unwrap();
+///     // cachalot's defaults: the block stays in this thread's cache, and comes back here.
+///     assert_eq!(worker.malloc(4096, StreamId(0)).unwrap(), p);
+///     worker.free(p).unwrap();
 /// })
 /// .join()
 /// .unwrap();
-/// assert_eq!(alloc.stats().allocation.all.allocated, 1);
+/// assert_eq!(alloc.stats().num_device_alloc, 1);
+/// // The thread has exited: its cache went back to the shared pool.
+/// assert_eq!(alloc.thread_cached_blocks(), 0);
+/// assert_eq!(alloc.stats().allocation.all.current, 0);
 /// ```
 pub struct Allocator<B: Backend> {
-    shared: Arc<Mutex<CachingCore<B>>>,
+    shared: Arc<Shared<B>>,
+}
+
+struct Shared<B: Backend> {
+    inner: Mutex<Inner<B>>,
+    registry: Arc<Registry>,
+    /// `Settings::thread_cache_blocks`: blocks each thread may keep (0: no thread caches).
+    capacity: usize,
+}
+
+impl<B: Backend> Drop for Shared<B> {
+    fn drop(&mut self) {
+        self.registry.close();
+    }
+}
+
+/// Everything behind the shared lock.
+struct Inner<B: Backend> {
+    core: CachingCore<B>,
+    /// Each thread's cache, in the order the threads first allocated (rule 17's flush order).
+    threads: Vec<Arc<Local>>,
+    /// For every block handed out through a thread cache's owner, live or parked: that owner.
+    owners: FxHashMap<u64, Arc<Local>>,
 }
 
 impl<B: Backend> Clone for Allocator<B> {
@@ -40,7 +79,50 @@ impl<B: Backend> Clone for Allocator<B> {
 
 impl<B: Backend> std::fmt::Debug for Allocator<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Allocator").finish_non_exhaustive()
+        f.debug_struct("Allocator")
+            .field("thread_cache_blocks", &self.shared.capacity)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Backend> Inner<B> {
+    /// Rule 17: frees one thread's parked blocks, oldest first.
+    fn flush(&mut self, st: &mut LocalState) {
+        for (address, _) in st.parked.drain(..) {
+            self.owners.remove(&address);
+            // A parked block had no other-stream uses: freeing it records no event and
+            // cannot fail.
+            let r = self.core.free(address);
+            debug_assert!(r.is_ok(), "freeing a parked block failed: {r:?}");
+        }
+    }
+
+    /// Rule 17: frees every thread's parked blocks, threads in registration order.
+    fn flush_all(&mut self) {
+        for local in self.threads.clone() {
+            self.flush(&mut lock(&local.state));
+        }
+    }
+
+    fn any_parked(&self) -> bool {
+        self.threads
+            .iter()
+            .any(|l| !lock(&l.state).parked.is_empty())
+    }
+
+    /// Rule 17: threads that exited — their parked blocks are freed, their live blocks no
+    /// longer belong to a thread, and they leave the registration order.
+    fn retire(&mut self, registry: &Registry) {
+        for local in registry.take_retired() {
+            let mut st = lock(&local.state);
+            self.flush(&mut st);
+            for address in st.live.keys() {
+                self.owners.remove(address);
+            }
+            st.live.clear();
+            drop(st);
+            self.threads.retain(|l| !Arc::ptr_eq(l, &local));
+        }
     }
 }
 
@@ -50,61 +132,248 @@ impl<B: Backend> Allocator<B> {
         Ok(Self::from_core(CachingCore::new(backend, settings)?))
     }
 
-    /// Wraps an existing core.
+    /// Wraps an existing core; its settings' `thread_cache_blocks` turns thread caches on.
     pub fn from_core(core: CachingCore<B>) -> Self {
+        let capacity = core.settings().thread_cache_blocks as usize;
         Allocator {
-            shared: Arc::new(Mutex::new(core)),
+            shared: Arc::new(Shared {
+                inner: Mutex::new(Inner {
+                    core,
+                    threads: Vec::new(),
+                    owners: FxHashMap::default(),
+                }),
+                registry: Arc::new(Registry::new()),
+                capacity,
+            }),
         }
     }
 
+    /// The shared lock, after retiring the caches of threads that exited.
+    #[inline]
+    fn lock(&self) -> MutexGuard<'_, Inner<B>> {
+        let mut g = lock(&self.shared.inner);
+        if self.shared.registry.has_retired() {
+            g.retire(&self.shared.registry);
+        }
+        g
+    }
+
     /// Allocates `size` bytes for use on `stream`; see [`CachingCore::malloc`].
+    ///
+    /// With thread caches on, the most recent block this thread freed with the same size on
+    /// the same stream comes back first, without the shared lock (rule 17).
+    #[inline]
     pub fn malloc(&self, size: u64, stream: StreamId) -> Result<u64, Error> {
-        lock(&self.shared).malloc(size, stream)
+        let capacity = self.shared.capacity;
+        if capacity == 0 || size == 0 || size > MAX_ALLOC_SIZE {
+            return self.lock().core.malloc(size, stream);
+        }
+        if let Some(Some(address)) =
+            thread_cache::with_local(&self.shared.registry, |l| l.take(size, stream))
+        {
+            return Ok(address);
+        }
+        self.malloc_slow(size, stream)
+    }
+
+    #[cold]
+    fn malloc_slow(&self, size: u64, stream: StreamId) -> Result<u64, Error> {
+        let mut g = self.lock();
+        let inner = &mut *g;
+        let local = thread_cache::register(&self.shared.registry);
+        if let Some((l, true)) = &local {
+            inner.threads.push(Arc::clone(l));
+        }
+        let mut r = inner.core.malloc(size, stream);
+        // Rule 17: before reporting out-of-memory, parked blocks go back and the request is
+        // made once more.
+        if matches!(r, Err(Error::OutOfMemory(_))) && inner.any_parked() {
+            inner.flush_all();
+            r = inner.core.malloc(size, stream);
+        }
+        if let (Ok(address), Some((l, _))) = (&r, &local) {
+            let meta = Meta {
+                stream,
+                requested: size,
+                uses: false,
+            };
+            lock(&l.state).live.insert(*address, meta);
+            inner.owners.insert(*address, Arc::clone(l));
+        }
+        r
     }
 
     /// Frees the allocation at `address`; see [`CachingCore::free`].
+    ///
+    /// With thread caches on, a block this thread was handed, that no other stream used, is
+    /// kept in the thread's cache (still allocated in the core); the oldest kept block is freed
+    /// when the cache is full (rule 17).
+    #[inline]
     pub fn free(&self, address: u64) -> Result<(), Error> {
-        lock(&self.shared).free(address)
+        let capacity = self.shared.capacity;
+        if capacity == 0 {
+            return self.lock().core.free(address);
+        }
+        if address == 0 {
+            return Ok(());
+        }
+        if thread_cache::with_local(&self.shared.registry, |l| l.park(address, capacity))
+            == Some(true)
+        {
+            return Ok(());
+        }
+        self.free_slow(address)
+    }
+
+    #[cold]
+    fn free_slow(&self, address: u64) -> Result<(), Error> {
+        let mut g = self.lock();
+        let inner = &mut *g;
+        let Some(owner) = inner.owners.get(&address).cloned() else {
+            return inner.core.free(address);
+        };
+        let mut st = lock(&owner.state);
+        let Some(&meta) = st.live.get(&address) else {
+            // Parked: the user already freed it.
+            return Err(Error::UnknownPointer { address });
+        };
+        let mine = thread_cache::with_local(&self.shared.registry, |l| Arc::ptr_eq(l, &owner))
+            .unwrap_or(false);
+        if mine && !meta.uses {
+            // The cache is full (or was when the fast path looked): the oldest block leaves.
+            if st.parked.len() >= self.shared.capacity {
+                let (oldest, _) = st.parked.remove(0);
+                inner.owners.remove(&oldest);
+                let r = inner.core.free(oldest);
+                debug_assert!(r.is_ok(), "freeing a parked block failed: {r:?}");
+            }
+            st.live.remove(&address);
+            st.parked.push((address, meta));
+            return Ok(());
+        }
+        inner.core.free(address)?;
+        st.live.remove(&address);
+        inner.owners.remove(&address);
+        Ok(())
     }
 
     /// Marks the allocation at `address` as used on `stream`; see
-    /// [`CachingCore::record_stream`].
+    /// [`CachingCore::record_stream`]. A block used on another stream is never kept in a
+    /// thread cache.
     pub fn record_stream(&self, address: u64, stream: StreamId) -> Result<(), Error> {
-        lock(&self.shared).record_stream(address, stream)
+        let mut g = self.lock();
+        let inner = &mut *g;
+        let Some(owner) = inner.owners.get(&address).cloned() else {
+            return inner.core.record_stream(address, stream);
+        };
+        let mut st = lock(&owner.state);
+        let Some(meta) = st.live.get_mut(&address) else {
+            return Err(Error::UnknownPointer { address });
+        };
+        inner.core.record_stream(address, stream)?;
+        if stream != meta.stream {
+            meta.uses = true;
+        }
+        Ok(())
     }
 
-    /// Gives every whole free segment back to the device.
+    /// Frees every block in every thread cache, then gives every whole free segment back to
+    /// the device.
     pub fn empty_cache(&self) -> Result<(), Error> {
-        lock(&self.shared).empty_cache()
+        let mut g = self.lock();
+        g.flush_all();
+        g.core.empty_cache()
+    }
+
+    /// Frees the blocks this thread's cache keeps (they return to the shared pool). A thread's
+    /// cache is also flushed when the thread exits.
+    pub fn flush_thread_cache(&self) {
+        let mut g = self.lock();
+        if let Some(local) = thread_cache::with_local(&self.shared.registry, Arc::clone) {
+            g.flush(&mut lock(&local.state));
+        }
+    }
+
+    /// Blocks kept in thread caches now, all threads together (they count as allocated in the
+    /// statistics).
+    pub fn thread_cached_blocks(&self) -> usize {
+        let g = self.lock();
+        g.threads.iter().map(|l| lock(&l.state).parked.len()).sum()
     }
 
     /// Caps reserved memory at `fraction` of the device's capacity.
     pub fn set_memory_fraction(&self, fraction: f64) -> Result<(), Error> {
-        lock(&self.shared).set_memory_fraction(fraction)
+        self.lock().core.set_memory_fraction(fraction)
     }
 
-    /// A copy of the statistics.
+    /// A copy of the statistics. Blocks kept in thread caches count as allocated.
     pub fn stats(&self) -> Stats {
-        lock(&self.shared).stats().clone()
+        self.lock().core.stats().clone()
     }
 
     /// Sets every peak statistic to its current value.
     pub fn reset_peak_stats(&self) {
-        lock(&self.shared).reset_peak_stats()
+        self.lock().core.reset_peak_stats()
     }
 
-    /// The segments and their blocks.
+    /// The segments and their blocks (blocks kept in thread caches show as allocated).
     pub fn segments(&self) -> Vec<SegmentInfo> {
-        lock(&self.shared).segments()
+        self.lock().core.segments()
     }
 
-    /// Checks the core's invariants.
+    /// Checks the core's invariants, and the thread caches': every block a thread holds is
+    /// allocated in the core and belongs to exactly that thread; no cache is over capacity.
     pub fn check_invariants(&self) -> Result<(), String> {
-        lock(&self.shared).check_invariants()
+        let g = self.lock();
+        g.core.check_invariants()?;
+        let allocated: std::collections::HashSet<u64> = g
+            .core
+            .segments()
+            .iter()
+            .flat_map(|s| s.blocks.iter())
+            .filter(|b| b.state == crate::BlockState::Allocated)
+            .map(|b| b.address)
+            .collect();
+        let mut seen = 0usize;
+        for (i, local) in g.threads.iter().enumerate() {
+            let st = lock(&local.state);
+            if st.parked.len() > self.shared.capacity {
+                return Err(format!(
+                    "thread {i} keeps {} blocks, more than {}",
+                    st.parked.len(),
+                    self.shared.capacity
+                ));
+            }
+            let addresses = st.live.keys().chain(st.parked.iter().map(|(a, _)| a));
+            for a in addresses {
+                seen += 1;
+                if !allocated.contains(a) {
+                    return Err(format!(
+                        "thread {i} holds {a:#x}, not allocated in the core"
+                    ));
+                }
+                if !g.owners.get(a).is_some_and(|o| Arc::ptr_eq(o, local)) {
+                    return Err(format!("thread {i} holds {a:#x}, owned by another"));
+                }
+            }
+            if let Some((a, _)) = st.parked.iter().find(|(a, _)| st.live.contains_key(a)) {
+                return Err(format!("thread {i} has {a:#x} both live and parked"));
+            }
+        }
+        if seen != g.owners.len() {
+            return Err(format!(
+                "{} owned blocks, {seen} held by threads",
+                g.owners.len()
+            ));
+        }
+        Ok(())
     }
 
     /// Runs `f` with exclusive access to the core (and through it, the backend).
+    ///
+    /// This bypasses the thread caches: a block obtained from [`Allocator::malloc`] must be
+    /// freed and recorded through the `Allocator`'s methods, not through the core.
     pub fn with_core<R>(&self, f: impl FnOnce(&mut CachingCore<B>) -> R) -> R {
-        f(&mut lock(&self.shared))
+        f(&mut self.lock().core)
     }
 }

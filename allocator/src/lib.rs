@@ -33,6 +33,7 @@ pub mod settings;
 pub mod sizes;
 pub mod stats;
 mod sync;
+mod thread_cache;
 
 pub use backend::sim::{Faults, SimDevice};
 pub use backend::{Backend, BackendError, EventId, MemInfo, StreamId};

@@ -1,16 +1,27 @@
 //! Synchronisation primitives: the only module that names `std::sync`.
 //!
 //! The one rule: everything concurrent in cachalot goes through these re-exports, which become
-//! loom's instrumented types under `cfg(loom)`, so the loom models explore the real code.
+//! loom's instrumented types under `cfg(loom)`, so the loom models explore the real code. The
+//! thread-local storage of the thread caches goes through here too: loom's `thread_local!`
+//! gives each modelled thread its own value and drops it when the thread ends.
 
 #[cfg(not(loom))]
+pub(crate) use std::sync::atomic::{AtomicBool, Ordering};
+#[cfg(not(loom))]
 pub(crate) use std::sync::{Arc, Mutex, MutexGuard};
+#[cfg(not(loom))]
+pub(crate) use std::thread_local;
 
 #[cfg(loom)]
+pub(crate) use loom::sync::atomic::{AtomicBool, Ordering};
+#[cfg(loom)]
 pub(crate) use loom::sync::{Arc, Mutex, MutexGuard};
+#[cfg(loom)]
+pub(crate) use loom::thread_local;
 
 /// Locks a mutex, carrying on through poisoning: the core's state is updated in sub-steps that
 /// each leave it consistent, so a panic in another thread never leaves it half-changed.
+#[inline]
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     #[cfg(not(loom))]
     {
