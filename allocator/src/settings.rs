@@ -1847,7 +1847,10 @@ mod tests {
         assert_eq!(Settings::default().to_string(), "");
         // PyTorch's settings differ from cachalot's in the thread caches only.
         assert_eq!(Settings::pytorch().to_string(), "thread_cache_blocks:0");
-        assert_eq!(Settings::parse("thread_cache_blocks:0"), Ok(Settings::pytorch()));
+        assert_eq!(
+            Settings::parse("thread_cache_blocks:0"),
+            Ok(Settings::pytorch())
+        );
         assert_eq!(
             Settings::parse("thread_cache_blocks:1025").unwrap_err(),
             SettingsError::InvalidValue {
