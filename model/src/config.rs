@@ -29,12 +29,15 @@ pub struct ModelConfig {
     /// Addresses the simulated device hands out first, in order, one per successful device
     /// allocation.
     pub address_script: Vec<u64>,
+    /// How many freed blocks each thread keeps for itself (rule 17, cachalot's own policy);
+    /// `0`, PyTorch's behaviour, turns thread caches off.
+    pub thread_cache_blocks: u32,
 }
 
 impl ModelConfig {
     /// PyTorch's default settings on a device of `capacity` bytes: no split limit, 20 MiB
     /// non-split rounding, no garbage collection, no power-of-two rounding, no memory
-    /// fraction, no address script.
+    /// fraction, no address script, no thread caches.
     pub fn pytorch_defaults(capacity: u64) -> Self {
         ModelConfig {
             capacity,
@@ -44,6 +47,7 @@ impl ModelConfig {
             roundup_power2_divisions: [0; 16],
             memory_fraction: None,
             address_script: Vec::new(),
+            thread_cache_blocks: 0,
         }
     }
 }

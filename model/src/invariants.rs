@@ -16,6 +16,7 @@ impl Model {
         }
         self.check_events()?;
         self.check_stats()?;
+        self.check_threads()?;
         self.check_device()
     }
 

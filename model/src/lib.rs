@@ -21,6 +21,7 @@ mod release;
 mod rules;
 mod state;
 mod stats;
+mod threads;
 
 pub use config::{MAX_ALLOC_SIZE, ModelConfig, ModelError};
 pub use state::{BlockState, ModelBlock, ModelSegment};
@@ -46,6 +47,11 @@ pub struct Model {
     /// The large pool's search counter (rule 6, for rule 12).
     large_searches: u64,
     stats: Stats,
+    /// Rule 17: the threads' caches, in registration order.
+    threads: Vec<threads::ThreadCache>,
+    /// Rule 17: the thread each block handed out on a thread belongs to, while it is
+    /// allocated (live or parked).
+    owners: std::collections::BTreeMap<u64, u32>,
 }
 
 impl Model {
@@ -65,6 +71,8 @@ impl Model {
             small_searches: 0,
             large_searches: 0,
             stats: Stats::default(),
+            threads: Vec::new(),
+            owners: std::collections::BTreeMap::new(),
         };
         if let Some(fraction) = fraction {
             model
@@ -104,6 +112,8 @@ impl Model {
             return Ok(());
         }
         let (s, b) = self.live_allocation(address)?;
+        // Rule 17: a block freed for good belongs to no thread.
+        self.owners.remove(&address);
         self.free_allocation(s, b);
         Ok(())
     }
@@ -134,8 +144,10 @@ impl Model {
         }
     }
 
-    /// Waits for all events and gives every cached whole segment back to the device (rule 9).
+    /// Frees every block parked in a thread cache (rule 17), then waits for all events and
+    /// gives every cached whole segment back to the device (rule 9).
     pub fn empty_cache(&mut self) {
+        self.flush_all_threads();
         self.release_cached_segments();
     }
 
@@ -176,10 +188,16 @@ impl Model {
         self.device.used()
     }
 
-    /// The position of the allocated block starting at `address`, or `UnknownAddress`.
+    /// The position of the allocated block starting at `address`, or `UnknownAddress` (also
+    /// for a block parked in a thread cache: the user freed it, rule 17).
     fn live_allocation(&self, address: u64) -> Result<(usize, usize), ModelError> {
         match state::find_block(&self.segments, address) {
-            Some((s, b)) if self.segments[s].blocks[b].state == State::Allocated => Ok((s, b)),
+            Some((s, b))
+                if self.segments[s].blocks[b].state == State::Allocated
+                    && !self.is_parked(address) =>
+            {
+                Ok((s, b))
+            }
             _ => Err(ModelError::UnknownAddress { address }),
         }
     }
