@@ -140,7 +140,7 @@ impl Model {
                 self.segments[s].blocks[b].state == state::BlockState::Allocated
             })
         };
-        for (&a, _) in &self.owners {
+        for &a in self.owners.keys() {
             if !allocated(a) {
                 return Err(format!("{a:#x} belongs to a thread but is not allocated"));
             }
