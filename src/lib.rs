@@ -3,6 +3,7 @@
 //! writing, and the replay engine behind the `cachalot` command-line program.
 
 pub mod differential;
+pub mod export;
 pub mod op;
 pub mod replay;
 pub mod scenario;

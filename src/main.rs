@@ -1,3 +1,9 @@
-//! The `cachalot` command-line program (replay and compare land with the trace tooling).
+//! The `cachalot` command-line program: replay PyTorch memory snapshots through cachalot's
+//! caching allocator (`cachalot replay`) and compare allocator settings on them
+//! (`cachalot compare`). Run `cachalot --help` for the options.
 
-fn main() {}
+mod cli;
+
+fn main() -> std::process::ExitCode {
+    cli::main()
+}

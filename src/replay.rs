@@ -7,7 +7,9 @@
 
 use std::time::Instant;
 
-use cachalot::{Backend, CachingCore, Error, SegmentInfo, Settings, SimDevice, Stats, StreamId};
+use cachalot::{
+    Backend, CachingCore, Error, SegmentInfo, Settings, SimDevice, Stats, StreamId, TraceEvent,
+};
 use serde::Serialize;
 
 use crate::snapshot::{ReplayOp, ReplayProgram};
@@ -15,6 +17,16 @@ use crate::snapshot::{ReplayOp, ReplayProgram};
 /// The stream ids the replayer uses for cross-stream frees: one per held-back block, above
 /// any real stream handle's range.
 const SIDE_STREAM_BASE: u64 = 1 << 63;
+
+/// Operations between two progress reports.
+const PROGRESS_EVERY: usize = 1 << 14;
+
+/// Whether a stream id is one of the replayer's side streams (a held-back cross-stream free's),
+/// rather than one of the trace's stream handles. A backend that must map stream ids to real
+/// streams (the CUDA replay) uses this.
+pub fn is_side_stream(stream: StreamId) -> bool {
+    stream.0 & SIDE_STREAM_BASE != 0
+}
 
 /// The memory of an H200 as CUDA reports it: the default device size of a replay.
 pub const H200_MEMORY: u64 = 150_109_880_320;
@@ -32,6 +44,9 @@ pub struct ReplayConfig {
     pub repeat: usize,
     /// Keep a per-operation timeline of requested, allocated and reserved bytes.
     pub timeline: bool,
+    /// Record the allocator's history (PyTorch's trace vocabulary) during the first pass, for
+    /// [`ReplayOutcome::history`] (and a snapshot of the replay, `crate::export`).
+    pub record_history: bool,
 }
 
 impl ReplayConfig {
@@ -43,6 +58,7 @@ impl ReplayConfig {
             trace_addresses: true,
             repeat: 1,
             timeline: false,
+            record_history: false,
         }
     }
 }
@@ -99,6 +115,9 @@ pub struct ReplayOutcome {
     /// Requested / allocated / reserved after each operation of the first pass (when asked for).
     #[serde(skip)]
     pub timeline: Vec<Sample>,
+    /// The allocator's history over the first pass, when [`ReplayConfig::record_history`] is on.
+    #[serde(skip)]
+    pub history: Vec<TraceEvent>,
 }
 
 impl ReplayOutcome {
@@ -141,29 +160,72 @@ pub fn replay(
     replay_on(core, program, config, |d, s| d.complete_stream(s))
 }
 
+/// [`replay`] that reports its progress: `progress(done)` is called every few thousand
+/// operations with the operations done so far, over all passes (`ops × repeat` in all).
+pub fn replay_with_progress(
+    program: &ReplayProgram,
+    config: &ReplayConfig,
+    progress: &mut dyn FnMut(usize),
+) -> Result<ReplayOutcome, ReplayError> {
+    let mut device = SimDevice::new(config.capacity);
+    if config.trace_addresses {
+        device = device.with_address_script(program.segment_addresses.iter().copied());
+    }
+    let core = CachingCore::new(device, config.settings.clone()).map_err(ReplayError::Setup)?;
+    replay_on_with_progress(core, program, config, |d, s| d.complete_stream(s), progress)
+}
+
 /// Replays `program` on an allocator core over any backend. `complete` tells the backend that a
 /// held-back block's side stream has finished (for a real device, a no-op: the event recorded
 /// on an idle stream completes by itself).
 pub fn replay_on<B: Backend>(
+    core: CachingCore<B>,
+    program: &ReplayProgram,
+    config: &ReplayConfig,
+    complete: impl FnMut(&mut B, StreamId),
+) -> Result<ReplayOutcome, ReplayError> {
+    replay_on_with_progress(core, program, config, complete, &mut |_| {})
+}
+
+/// [`replay_on`] that reports its progress as [`replay_with_progress`] does.
+pub fn replay_on_with_progress<B: Backend>(
     mut core: CachingCore<B>,
     program: &ReplayProgram,
     config: &ReplayConfig,
     mut complete: impl FnMut(&mut B, StreamId),
+    progress: &mut dyn FnMut(usize),
 ) -> Result<ReplayOutcome, ReplayError> {
+    if config.record_history {
+        core.record_history(true);
+    }
     let mut pass = Pass::new(program, config.timeline);
     let start = Instant::now();
-    pass.run(&mut core, program, true, &mut complete)?;
+    pass.run(&mut core, program, true, &mut complete, 0, progress)?;
     let first_ns = start.elapsed().as_nanos() as f64;
     let stats = core.stats().clone();
     let final_layout = core.segments();
+    let history = if config.record_history {
+        let history = core.history().to_vec();
+        core.record_history(false);
+        history
+    } else {
+        Vec::new()
+    };
     let ops = program.ops.len().max(1);
     let mut ns_per_op = first_ns / ops as f64;
     if config.repeat > 1 {
         pass.release_all(&mut core, &mut complete)?;
         let mut steady = Pass::new(program, false);
         let start = Instant::now();
-        for _ in 1..config.repeat {
-            steady.run(&mut core, program, false, &mut complete)?;
+        for p in 1..config.repeat {
+            steady.run(
+                &mut core,
+                program,
+                false,
+                &mut complete,
+                p * program.ops.len(),
+                progress,
+            )?;
             steady.release_all(&mut core, &mut complete)?;
         }
         ns_per_op = start.elapsed().as_nanos() as f64 / (ops * (config.repeat - 1)) as f64;
@@ -191,6 +253,7 @@ pub fn replay_on<B: Backend>(
         stats,
         final_layout,
         timeline: pass.timeline,
+        history,
     })
 }
 
@@ -243,9 +306,14 @@ impl Pass {
         program: &ReplayProgram,
         observe: bool,
         complete: &mut impl FnMut(&mut B, StreamId),
+        done_before: usize,
+        progress: &mut dyn FnMut(usize),
     ) -> Result<(), ReplayError> {
         let ops = &program.ops;
         for (i, op) in ops.iter().enumerate() {
+            if i % PROGRESS_EVERY == 0 && i > 0 {
+                progress(done_before + i);
+            }
             match *op {
                 ReplayOp::Alloc { id, size, stream } => {
                     let Some(slot) = self.live.get_mut(id) else {
@@ -308,6 +376,7 @@ impl Pass {
                 self.observe(core.stats());
             }
         }
+        progress(done_before + ops.len());
         Ok(())
     }
 

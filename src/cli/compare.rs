@@ -1,0 +1,235 @@
+//! `cachalot compare`: every trace under every setting, one table.
+//!
+//! The one rule: the first column is always the baseline — PyTorch's defaults plus the
+//! settings each trace was recorded with, the replay that reproduces PyTorch — so every other
+//! setting is read against what PyTorch really did.
+
+use cachalot::Settings;
+use cachalot_tools::replay::ReplayConfig;
+use serde::Serialize;
+
+use super::input::{self, Trace, apply_config};
+use super::replay::{Report, execute};
+use super::units::human;
+use super::{BackendKind, CliError, CompareArgs, plot};
+
+/// The baseline column's label.
+const BASELINE: &str = "PyTorch (recorded settings)";
+
+/// The JSON form of a comparison.
+#[derive(Debug, Serialize)]
+struct CompareJson {
+    /// The column labels, baseline first.
+    configs: Vec<String>,
+    /// Per trace, one report per column.
+    traces: Vec<TraceRow>,
+    /// Per column, the geometric mean of fragmentation over the traces.
+    geomean_fragmentation: Vec<f64>,
+}
+
+#[derive(Debug, Serialize)]
+struct TraceRow {
+    trace: String,
+    results: Vec<Report>,
+}
+
+/// Runs `cachalot compare`.
+pub fn run(args: &CompareArgs) -> Result<(), CliError> {
+    // Refuse a bad setting before replaying anything.
+    for conf in &args.config {
+        apply_config(&Settings::pytorch(), conf)?;
+    }
+    let mut labels = vec![BASELINE.to_string()];
+    labels.extend(args.config.iter().cloned());
+    let mut rows = Vec::new();
+    for path in &args.traces {
+        let trace = input::load(path, None)?;
+        let mut results = Vec::new();
+        let baseline = trace.settings(true, true, None)?;
+        results.push(one(&trace, baseline, args.repeat)?);
+        for conf in &args.config {
+            let settings = trace.settings(args.pytorch, false, Some(conf))?;
+            results.push(one(&trace, settings, args.repeat)?);
+        }
+        rows.push(TraceRow {
+            trace: trace.name(),
+            results,
+        });
+    }
+    let geomean: Vec<f64> = (0..labels.len())
+        .map(|c| geometric_mean(rows.iter().map(|r| r.results[c].fragmentation)))
+        .collect();
+    if let Some(path) = &args.plot {
+        let names: Vec<String> = rows.iter().map(|r| stem(&r.trace)).collect();
+        let values: Vec<Vec<f64>> = rows
+            .iter()
+            .map(|r| r.results.iter().map(|x| x.fragmentation).collect())
+            .collect();
+        plot::fragmentation_bars(path, &names, &labels, &values)?;
+    }
+    if args.json {
+        let json = CompareJson {
+            configs: labels,
+            traces: rows,
+            geomean_fragmentation: geomean,
+        };
+        let text = serde_json::to_string_pretty(&json)
+            .map_err(|e| CliError::run(format!("cannot format the JSON report: {e}")))?;
+        println!("{text}");
+    } else {
+        println!("{}", table(&labels, &rows, &geomean));
+    }
+    Ok(())
+}
+
+fn one(trace: &Trace, settings: Settings, repeat: u32) -> Result<Report, CliError> {
+    let config = ReplayConfig {
+        settings,
+        capacity: trace.capacity(None),
+        trace_addresses: true,
+        repeat: repeat as usize,
+        timeline: false,
+        record_history: false,
+    };
+    let run = execute(trace, &config, BackendKind::Sim, 0)?;
+    Ok(Report::new(trace, &config, &run))
+}
+
+fn stem(path: &str) -> String {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    let name = name.strip_suffix(".gz").unwrap_or(name);
+    name.strip_suffix(".pickle").unwrap_or(name).to_string()
+}
+
+/// The geometric mean (1.0 for none).
+pub fn geometric_mean(values: impl Iterator<Item = f64>) -> f64 {
+    let (sum, n) = values
+        .filter(|v| *v > 0.0 && v.is_finite())
+        .fold((0.0, 0usize), |(s, n), v| (s + v.ln(), n + 1));
+    if n == 0 { 1.0 } else { (sum / n as f64).exp() }
+}
+
+/// The comparison as a Markdown table (aligned, so it reads as well in a terminal).
+fn table(labels: &[String], rows: &[TraceRow], geomean: &[f64]) -> String {
+    let header = [
+        "trace",
+        "settings",
+        "peak reserved",
+        "vs baseline",
+        "fragmentation",
+        "device allocs",
+        "ns/op",
+    ];
+    let mut cells: Vec<Vec<String>> = Vec::new();
+    for row in rows {
+        let base = &row.results[0];
+        for (c, r) in row.results.iter().enumerate() {
+            let versus = if c == 0 {
+                match &r.pytorch {
+                    Some(p) if p.pytorch_peak_reserved_bytes == r.peak_reserved_bytes => {
+                        "= PyTorch".to_string()
+                    }
+                    Some(p) => format!("PyTorch {}", human(p.pytorch_peak_reserved_bytes)),
+                    None => String::new(),
+                }
+            } else {
+                percent(r.peak_reserved_bytes, base.peak_reserved_bytes)
+            };
+            cells.push(vec![
+                if c == 0 {
+                    stem(&row.trace)
+                } else {
+                    String::new()
+                },
+                labels[c].clone(),
+                human(r.peak_reserved_bytes),
+                versus,
+                format!("{:.3}", r.fragmentation),
+                r.device_allocs.to_string(),
+                format!("{:.0}", r.ns_per_op),
+            ]);
+        }
+    }
+    let mut out = markdown(
+        &header,
+        &cells,
+        &[false, false, true, true, true, true, true],
+    );
+    out.push_str("\n\n");
+    let gm: Vec<Vec<String>> = labels
+        .iter()
+        .zip(geomean)
+        .map(|(l, g)| vec![l.clone(), format!("{g:.3}")])
+        .collect();
+    out.push_str(&markdown(
+        &["settings", "geometric mean of fragmentation"],
+        &gm,
+        &[false, true],
+    ));
+    out
+}
+
+fn percent(value: u64, base: u64) -> String {
+    if base == 0 {
+        return String::new();
+    }
+    let d = (value as f64 - base as f64) / base as f64 * 100.0;
+    if d.abs() < 0.05 {
+        "±0%".into()
+    } else {
+        format!("{d:+.1}%")
+    }
+}
+
+fn markdown(header: &[&str], rows: &[Vec<String>], right: &[bool]) -> String {
+    let widths: Vec<usize> = (0..header.len())
+        .map(|i| {
+            rows.iter()
+                .map(|r| r[i].chars().count())
+                .chain([header[i].chars().count(), 3])
+                .max()
+                .unwrap_or(3)
+        })
+        .collect();
+    let fmt_row = |cells: &[String]| {
+        let mut s = String::from("|");
+        for (i, c) in cells.iter().enumerate() {
+            let pad = widths[i] - c.chars().count();
+            if right[i] {
+                s.push_str(&format!(" {}{} |", " ".repeat(pad), c));
+            } else {
+                s.push_str(&format!(" {}{} |", c, " ".repeat(pad)));
+            }
+        }
+        s
+    };
+    let mut lines = vec![fmt_row(
+        &header.iter().map(|h| h.to_string()).collect::<Vec<_>>(),
+    )];
+    let mut rule = String::from("|");
+    for (i, w) in widths.iter().enumerate() {
+        if right[i] {
+            rule.push_str(&format!(" {}: |", "-".repeat(w - 1)));
+        } else {
+            rule.push_str(&format!(" {} |", "-".repeat(*w)));
+        }
+    }
+    lines.push(rule);
+    lines.extend(rows.iter().map(|r| fmt_row(r)));
+    lines.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_geometric_mean_of_ratios() {
+        assert!((geometric_mean([1.0, 4.0].into_iter()) - 2.0).abs() < 1e-12);
+        assert_eq!(geometric_mean(std::iter::empty()), 1.0);
+        assert_eq!(stem("a/b/gpt2_train.pickle"), "gpt2_train");
+        assert_eq!(stem("x.pickle.gz"), "x");
+        assert_eq!(percent(110, 100), "+10.0%");
+        assert_eq!(percent(100, 100), "±0%");
+    }
+}

@@ -1,0 +1,193 @@
+//! Loading a trace for the command line: the snapshot, the device to replay, PyTorch's
+//! figures from the NAME.json sidecar, and the settings a replay runs under.
+//!
+//! The one rule: every failure names the file (or the option) and says what is wrong, and
+//! is bad input (exit code 2).
+
+use std::path::{Path, PathBuf};
+
+use cachalot::Settings;
+use cachalot_tools::replay::H200_MEMORY;
+use cachalot_tools::snapshot::{
+    Figures, ReplayOptions, ReplayProgram, Snapshot, read_figures, read_snapshot, replay_ops_with,
+};
+
+use super::CliError;
+
+/// A snapshot ready to replay.
+pub struct Trace {
+    /// The file, as given.
+    pub path: PathBuf,
+    /// The snapshot as read (its `segments` are the allocator's state at the dump).
+    pub snapshot: Snapshot,
+    /// The device whose trace is replayed.
+    pub device: usize,
+    /// The replay program of that device's trace.
+    pub program: ReplayProgram,
+    /// PyTorch's own figures, from NAME.json beside the snapshot.
+    pub figures: Option<Figures>,
+}
+
+impl Trace {
+    /// The file's name for messages.
+    pub fn name(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    /// The PYTORCH_CUDA_ALLOC_CONF the trace was recorded with: the snapshot's
+    /// `allocator_settings` when it has them, else the sidecar's. `None` when neither says.
+    pub fn recorded_conf(&self) -> Option<&str> {
+        if let Some(s) = &self.snapshot.allocator_settings {
+            return Some(&s.alloc_conf);
+        }
+        self.figures
+            .as_ref()
+            .and_then(|f| f.pytorch_cuda_alloc_conf.as_deref())
+    }
+
+    /// The memory fraction the recorded program set (from the sidecar).
+    pub fn recorded_fraction(&self) -> Option<f64> {
+        self.figures.as_ref().and_then(|f| f.memory_fraction)
+    }
+
+    /// The device memory to simulate: `explicit`, else the recording GPU's, else an H200's.
+    pub fn capacity(&self, explicit: Option<u64>) -> u64 {
+        explicit
+            .or_else(|| self.figures.as_ref().map(|f| f.device_total_memory))
+            .filter(|&c| c > 0)
+            .unwrap_or(H200_MEMORY)
+    }
+
+    /// The settings a replay runs under: PyTorch's defaults (`pytorch`) or cachalot's; then
+    /// the PYTORCH_CUDA_ALLOC_CONF the trace was recorded with (`recorded`); then the recorded
+    /// memory fraction (unless the settings have one by then); then `config` on top.
+    pub fn settings(
+        &self,
+        pytorch: bool,
+        recorded: bool,
+        config: Option<&str>,
+    ) -> Result<Settings, CliError> {
+        let mut settings = if pytorch {
+            Settings::pytorch()
+        } else {
+            Settings::cachalot()
+        };
+        if recorded && let Some(conf) = self.recorded_conf() {
+            settings = settings.apply(conf).map_err(|e| {
+                CliError::input(format!(
+                    "{}: the recorded PYTORCH_CUDA_ALLOC_CONF \"{conf}\" is not usable: {e}",
+                    self.name()
+                ))
+            })?;
+        }
+        if settings.per_process_memory_fraction.is_none()
+            && let Some(f) = self.recorded_fraction()
+        {
+            settings.set_per_process_memory_fraction(f).map_err(|e| {
+                CliError::input(format!(
+                    "{}: the recorded memory fraction: {e}",
+                    sidecar(&self.path).display()
+                ))
+            })?;
+        }
+        if let Some(conf) = config {
+            settings = apply_config(&settings, conf)?;
+        }
+        Ok(settings)
+    }
+}
+
+/// `settings` with a `--config` string applied; errors name the option and the key.
+pub fn apply_config(settings: &Settings, conf: &str) -> Result<Settings, CliError> {
+    settings
+        .apply(conf)
+        .map_err(|e| CliError::input(format!("--config \"{conf}\": {e}")))
+}
+
+/// Where the figures of a snapshot live: NAME.json beside NAME.pickle (NAME.pickle.gz too).
+pub fn sidecar(path: &Path) -> PathBuf {
+    let name = path.file_name().map(|n| n.to_string_lossy().to_string());
+    match name.as_deref().and_then(|n| n.strip_suffix(".gz")) {
+        Some(stem) => path.with_file_name(stem).with_extension("json"),
+        None => path.with_extension("json"),
+    }
+}
+
+/// Reads a snapshot and picks the device to replay (`device`, or the first whose trace has
+/// entries).
+pub fn load(path: &Path, device: Option<usize>) -> Result<Trace, CliError> {
+    let snapshot = read_snapshot(path).map_err(|e| CliError::input(e.to_string()))?;
+    let name = path.display();
+    let with_entries: Vec<usize> = snapshot
+        .traces
+        .iter()
+        .filter(|t| !t.entries.is_empty())
+        .map(|t| t.device)
+        .collect();
+    let device = match device {
+        Some(d) => {
+            if !with_entries.contains(&d) {
+                return Err(CliError::input(format!(
+                    "{name}: no trace entries for device {d} (devices with entries: {})",
+                    list(&with_entries)
+                )));
+            }
+            d
+        }
+        None => *with_entries.first().ok_or_else(|| {
+            CliError::input(format!(
+                "{name}: the snapshot's device traces are empty: nothing to replay (was \
+                 torch.cuda.memory._record_memory_history() on while the program ran?)"
+            ))
+        })?,
+    };
+    let Some(trace) = snapshot.traces.iter().find(|t| t.device == device) else {
+        return Err(CliError::input(format!(
+            "{name}: no trace for device {device}"
+        )));
+    };
+    let options = ReplayOptions::from_settings(snapshot.allocator_settings.as_ref());
+    let (program, _) = replay_ops_with(trace, &options);
+    let side = sidecar(path);
+    let figures = if side.is_file() {
+        match read_figures(&side) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                eprintln!("cachalot: ignoring the figures beside the trace: {e}");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    Ok(Trace {
+        path: path.to_path_buf(),
+        snapshot,
+        device,
+        program,
+        figures,
+    })
+}
+
+fn list(devices: &[usize]) -> String {
+    if devices.is_empty() {
+        return "none".into();
+    }
+    devices
+        .iter()
+        .map(|d| d.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sidecar_sits_beside_plain_and_compressed_snapshots() {
+        assert_eq!(sidecar(Path::new("a/x.pickle")), Path::new("a/x.json"));
+        assert_eq!(sidecar(Path::new("a/x.pickle.gz")), Path::new("a/x.json"));
+        assert_eq!(sidecar(Path::new("x")), Path::new("x.json"));
+    }
+}

@@ -1,0 +1,205 @@
+//! SVG plots: the memory timeline of one replay, and grouped bars of fragmentation for
+//! `compare`.
+//!
+//! The one rule: peaks survive downsampling. A timeline is cut into at most [`MAX_POINTS`]
+//! buckets of consecutive operations and each bucket keeps each series' maximum, so the
+//! plotted peak is the true peak.
+
+use std::path::Path;
+
+use cachalot_tools::replay::Sample;
+use plotters::prelude::*;
+
+use super::CliError;
+
+/// Most points per timeline series.
+pub const MAX_POINTS: usize = 3000;
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// `timeline` cut into at most `max` buckets, each `(first operation index, the maximum of
+/// each series over the bucket)`.
+pub fn downsample(timeline: &[Sample], max: usize) -> Vec<(usize, Sample)> {
+    let max = max.max(1);
+    let per = timeline.len().div_ceil(max).max(1);
+    timeline
+        .chunks(per)
+        .enumerate()
+        .map(|(i, chunk)| {
+            let top = chunk.iter().fold(
+                Sample {
+                    requested: 0,
+                    allocated: 0,
+                    reserved: 0,
+                },
+                |a, s| Sample {
+                    requested: a.requested.max(s.requested),
+                    allocated: a.allocated.max(s.allocated),
+                    reserved: a.reserved.max(s.reserved),
+                },
+            );
+            (i * per, top)
+        })
+        .collect()
+}
+
+fn failed(path: &Path, e: impl std::fmt::Display) -> CliError {
+    CliError::run(format!("{}: cannot draw the plot: {e}", path.display()))
+}
+
+/// Draws requested, allocated and reserved bytes against operation index.
+pub fn timeline(path: &Path, timeline: &[Sample], title: &str) -> Result<(), CliError> {
+    let points = downsample(timeline, MAX_POINTS);
+    let top = points
+        .iter()
+        .map(|(_, s)| s.reserved.max(s.allocated).max(s.requested))
+        .max()
+        .unwrap_or(0) as f64
+        / GIB;
+    let x_max = timeline.len().max(1);
+    let root = SVGBackend::new(path, (1100, 520)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| failed(path, e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0..x_max, 0.0..(top * 1.08).max(1e-6))
+        .map_err(|e| failed(path, e))?;
+    chart
+        .configure_mesh()
+        .x_desc("operation")
+        .y_desc("GiB")
+        .y_label_formatter(&|y| format!("{y:.2}"))
+        .light_line_style(WHITE.mix(0.0))
+        .draw()
+        .map_err(|e| failed(path, e))?;
+    let series: [(&str, RGBColor, fn(&Sample) -> u64); 3] = [
+        ("reserved", RGBColor(214, 39, 40), |s| s.reserved),
+        ("allocated", RGBColor(31, 119, 180), |s| s.allocated),
+        ("requested", RGBColor(44, 160, 44), |s| s.requested),
+    ];
+    for (label, color, get) in series {
+        chart
+            .draw_series(LineSeries::new(
+                points.iter().map(|(i, s)| (*i, get(s) as f64 / GIB)),
+                color.stroke_width(2),
+            ))
+            .map_err(|e| failed(path, e))?
+            .label(label)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| failed(path, e))?;
+    root.present().map_err(|e| failed(path, e))
+}
+
+/// Draws grouped bars: for each trace (`names`), one bar per configuration (`labels`) of its
+/// fragmentation (`values[trace][config]`), from 1.0 (the physical limit) up.
+pub fn fragmentation_bars(
+    path: &Path,
+    names: &[String],
+    labels: &[String],
+    values: &[Vec<f64>],
+) -> Result<(), CliError> {
+    let n = names.len().max(1);
+    let k = labels.len().max(1);
+    let top = values
+        .iter()
+        .flatten()
+        .copied()
+        .filter(|v| v.is_finite())
+        .fold(1.0f64, f64::max);
+    let width = (160 * n as u32).clamp(700, 2000);
+    let root = SVGBackend::new(path, (width, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| failed(path, e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "fragmentation: peak reserved / peak requested",
+            ("sans-serif", 20),
+        )
+        .margin(12)
+        .x_label_area_size(50)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..n as f64, 1.0..(1.0 + (top - 1.0) * 1.15).max(1.05))
+        .map_err(|e| failed(path, e))?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(0)
+        .y_desc("fragmentation")
+        .y_label_formatter(&|y| format!("{y:.2}"))
+        .draw()
+        .map_err(|e| failed(path, e))?;
+    let group = 0.8;
+    let bar = group / k as f64;
+    for (c, label) in labels.iter().enumerate() {
+        let color = Palette99::pick(c).to_rgba();
+        let bars = values.iter().enumerate().filter_map(|(t, row)| {
+            let v = *row.get(c)?;
+            let x0 = t as f64 + (1.0 - group) / 2.0 + c as f64 * bar;
+            v.is_finite()
+                .then(|| Rectangle::new([(x0, 1.0), (x0 + bar * 0.92, v)], color.filled()))
+        });
+        chart
+            .draw_series(bars)
+            .map_err(|e| failed(path, e))?
+            .label(label.as_str())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| failed(path, e))?;
+    // Trace names under their groups, on two staggered rows so long names do not collide.
+    for (t, name) in names.iter().enumerate() {
+        let (x, y) = chart.backend_coord(&(t as f64 + 0.5, 1.0));
+        let row = if t % 2 == 0 { 8 } else { 26 };
+        let style = TextStyle::from(("sans-serif", 13).into_font()).pos(
+            plotters::style::text_anchor::Pos::new(
+                plotters::style::text_anchor::HPos::Center,
+                plotters::style::text_anchor::VPos::Top,
+            ),
+        );
+        root.draw(&Text::new(name.clone(), (x, y + row), style))
+            .map_err(|e| failed(path, e))?;
+    }
+    root.present().map_err(|e| failed(path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(requested: u64, allocated: u64, reserved: u64) -> Sample {
+        Sample {
+            requested,
+            allocated,
+            reserved,
+        }
+    }
+
+    #[test]
+    fn downsampling_keeps_every_peak() {
+        let mut t: Vec<Sample> = (0..10_000).map(|i| s(i % 7, i % 11, i % 13)).collect();
+        t[4321] = s(1000, 2000, 3000);
+        let d = downsample(&t, 100);
+        assert!(d.len() <= 100);
+        let max = |f: fn(&Sample) -> u64| d.iter().map(|(_, x)| f(x)).max().unwrap();
+        assert_eq!(max(|x| x.requested), 1000);
+        assert_eq!(max(|x| x.allocated), 2000);
+        assert_eq!(max(|x| x.reserved), 3000);
+        assert_eq!(downsample(&t[..50], 100).len(), 50);
+        assert!(downsample(&[], 100).is_empty());
+    }
+}

@@ -1,0 +1,498 @@
+//! `cachalot replay`: one trace through the allocator, on the simulated device or a GPU, and
+//! its report (human or JSON), plot and snapshot.
+//!
+//! The one rule: every figure printed comes from [`ReplayOutcome`]; the report only formats
+//! it, and puts PyTorch's own figures (from the trace's sidecar) beside cachalot's.
+
+use std::fs::File;
+use std::io::{BufWriter, IsTerminal, Write};
+use std::path::Path;
+
+use cachalot::Settings;
+use cachalot_tools::export::snapshot_of;
+use cachalot_tools::replay::{ReplayConfig, ReplayOutcome, replay_with_progress};
+use cachalot_tools::snapshot::{Figures, write_snapshot};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde::Serialize;
+
+use super::input::{self, Trace};
+use super::units::{grouped, human};
+use super::{BackendKind, CliError, ReplayArgs, cuda, plot};
+
+/// Replays with at least this many operations in all (passes included) show a progress bar.
+const PROGRESS_MIN_OPS: usize = 250_000;
+
+/// Runs `cachalot replay`.
+pub fn run(args: &ReplayArgs) -> Result<(), CliError> {
+    let trace = input::load(&args.trace, args.device)?;
+    let settings = trace.settings(args.pytorch, args.pytorch, args.config.as_deref())?;
+    let config = ReplayConfig {
+        settings,
+        capacity: trace.capacity(args.device_memory),
+        trace_addresses: true,
+        repeat: args.repeat as usize,
+        timeline: args.plot.is_some(),
+        record_history: args.snapshot_out.is_some(),
+    };
+    let run = execute(&trace, &config, args.backend, args.gpu)?;
+    let report = Report::new(&trace, &config, &run);
+    if let Some(path) = &args.plot {
+        let title = format!(
+            "{} ({}, {})",
+            file_name(&trace.path),
+            config_label(&config.settings),
+            args.backend.name()
+        );
+        plot::timeline(path, &run.outcome.timeline, &title)?;
+    }
+    if let Some(path) = &args.snapshot_out {
+        let snapshot = snapshot_of(
+            &run.outcome.final_layout,
+            &run.outcome.history,
+            &config.settings,
+            trace.device,
+        );
+        write_snapshot_file(path, &snapshot)?;
+    }
+    let text = if args.json {
+        serde_json::to_string_pretty(&report)
+            .map_err(|e| CliError::run(format!("cannot format the JSON report: {e}")))?
+    } else {
+        report.human(args.plot.as_deref(), args.snapshot_out.as_deref())
+    };
+    println!("{text}");
+    Ok(())
+}
+
+/// A replay's outcome and the device it ran on.
+pub struct Run {
+    /// What the replay measured.
+    pub outcome: ReplayOutcome,
+    /// Where it ran.
+    pub backend: BackendKind,
+    /// The device's total memory in bytes.
+    pub device_total: u64,
+    /// The GPU's name (CUDA backend only).
+    pub gpu_name: Option<String>,
+}
+
+/// Replays `trace` under `config` on `backend`, with a progress bar on long replays.
+pub fn execute(
+    trace: &Trace,
+    config: &ReplayConfig,
+    backend: BackendKind,
+    gpu: usize,
+) -> Result<Run, CliError> {
+    let total = trace.program.ops.len().saturating_mul(config.repeat);
+    let bar = progress_bar(total);
+    let mut progress = |done: usize| {
+        if let Some(bar) = &bar {
+            bar.set_position(done as u64);
+        }
+    };
+    let run = match backend {
+        BackendKind::Sim => {
+            let outcome = replay_with_progress(&trace.program, config, &mut progress)
+                .map_err(|e| replay_error(trace, e))?;
+            Run {
+                outcome,
+                backend,
+                device_total: config.capacity,
+                gpu_name: None,
+            }
+        }
+        BackendKind::Cuda => {
+            let (outcome, gpu) =
+                cuda::replay(&trace.program, config, gpu, trace.device, &mut progress)?;
+            Run {
+                outcome,
+                backend,
+                device_total: gpu.total_memory,
+                gpu_name: Some(gpu.name),
+            }
+        }
+    };
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    Ok(run)
+}
+
+fn replay_error(trace: &Trace, e: cachalot_tools::replay::ReplayError) -> CliError {
+    match e {
+        cachalot_tools::replay::ReplayError::Setup(e) => CliError::input(format!(
+            "{}: the settings cannot be used: {e}",
+            trace.name()
+        )),
+        e => CliError::run(format!("{}: {e}", trace.name())),
+    }
+}
+
+/// A progress bar on stderr, only when stderr is a terminal and the replay is long.
+fn progress_bar(total: usize) -> Option<ProgressBar> {
+    if total < PROGRESS_MIN_OPS || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
+    if let Ok(style) =
+        ProgressStyle::with_template("replaying {bar:40} {human_pos}/{human_len} ops ({eta})")
+    {
+        bar.set_style(style);
+    }
+    Some(bar)
+}
+
+/// Writes a snapshot pickle (gzip-compressed when the name ends in `.gz`).
+pub fn write_snapshot_file(
+    path: &Path,
+    snapshot: &cachalot_tools::snapshot::Snapshot,
+) -> Result<(), CliError> {
+    let fail = |e: &dyn std::fmt::Display| {
+        CliError::run(format!(
+            "{}: cannot write the snapshot: {e}",
+            path.display()
+        ))
+    };
+    let file = File::create(path).map_err(|e| fail(&e))?;
+    let mut out = BufWriter::new(file);
+    if path.extension().is_some_and(|e| e == "gz") {
+        let mut gz = flate2::write::GzEncoder::new(out, flate2::Compression::best());
+        write_snapshot(snapshot, &mut gz).map_err(|e| fail(&e))?;
+        out = gz.finish().map_err(|e| fail(&e))?;
+    } else {
+        write_snapshot(snapshot, &mut out).map_err(|e| fail(&e))?;
+    }
+    out.flush().map_err(|e| fail(&e))
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_else(|| path.display().to_string())
+}
+
+/// The settings for people: "PyTorch's defaults", "cachalot's defaults", or the canonical
+/// configuration string.
+pub fn config_label(settings: &Settings) -> String {
+    if *settings == Settings::pytorch() {
+        "PyTorch's defaults".into()
+    } else if *settings == Settings::cachalot() {
+        "cachalot's defaults".into()
+    } else {
+        settings.to_string()
+    }
+}
+
+/// The JSON report of `cachalot replay` (and one cell of `cachalot compare --json`).
+#[derive(Debug, Serialize)]
+pub struct Report {
+    /// The trace file.
+    pub trace: String,
+    /// The device whose trace was replayed.
+    pub device: usize,
+    /// The settings: their canonical PYTORCH_CUDA_ALLOC_CONF string (the keys that differ
+    /// from cachalot's defaults).
+    pub config: String,
+    /// The settings for people ("PyTorch's defaults", "cachalot's defaults" or `config`).
+    #[serde(skip)]
+    pub config_label: String,
+    /// `sim` or `cuda`.
+    pub backend: &'static str,
+    /// The GPU (CUDA backend only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_name: Option<String>,
+    /// The device's total memory in bytes.
+    pub device_total_bytes: u64,
+    /// The memory fraction in force, if any.
+    pub memory_fraction: Option<f64>,
+    /// Passes over the trace.
+    pub repeat: usize,
+    /// Operations in one pass.
+    pub ops: usize,
+    /// Allocations in one pass.
+    pub allocs: usize,
+    /// Frees in one pass.
+    pub frees: usize,
+    /// Peak of live requested bytes.
+    pub peak_requested_bytes: u64,
+    /// Peak allocated bytes.
+    pub peak_allocated_bytes: u64,
+    /// Peak reserved bytes.
+    pub peak_reserved_bytes: u64,
+    /// Peak reserved / peak requested.
+    pub fragmentation: f64,
+    /// Device allocations (`cudaMalloc` calls).
+    pub device_allocs: u64,
+    /// Device frees.
+    pub device_frees: u64,
+    /// Share of allocations served from the cache.
+    pub cache_hit_rate: f64,
+    /// Failed allocations.
+    pub ooms: u64,
+    /// Allocations that released the cache and retried.
+    pub num_alloc_retries: u64,
+    /// Waits for every stream (cache releases).
+    pub num_sync_all_streams: u64,
+    /// Allocator nanoseconds per operation (steady state when repeat > 1).
+    pub ns_per_op: f64,
+    /// Peak number of segments.
+    pub peak_segments: u64,
+    /// Segments at the end of the first pass.
+    pub final_segments: usize,
+    /// Reserved bytes at the end of the first pass.
+    pub final_reserved_bytes: u64,
+    /// At the peak: bytes in wholly free segments (what `empty_cache` would have released).
+    pub empty_cache_at_peak_bytes: u64,
+    /// At the peak: free bytes stranded in split segments.
+    pub stranded_at_peak_bytes: u64,
+    /// PyTorch's own figures, when a sidecar was found.
+    #[serde(flatten)]
+    pub pytorch: Option<PytorchFigures>,
+}
+
+/// PyTorch's figures for the recorded run, from the trace's NAME.json.
+#[derive(Debug, Serialize)]
+pub struct PytorchFigures {
+    /// `torch.__version__`.
+    pub pytorch_version: String,
+    /// The recording GPU.
+    pub pytorch_gpu_name: String,
+    /// `max_memory_allocated()`.
+    pub pytorch_peak_allocated_bytes: u64,
+    /// `max_memory_reserved()`.
+    pub pytorch_peak_reserved_bytes: u64,
+    /// `segment.all.peak`.
+    pub pytorch_peak_segments: Option<i64>,
+    /// `num_device_alloc`.
+    pub pytorch_device_allocs: Option<i64>,
+    /// `num_device_free`.
+    pub pytorch_device_frees: Option<i64>,
+    /// `num_ooms`.
+    pub pytorch_ooms: Option<i64>,
+    /// Whether all of the above equal cachalot's.
+    pub pytorch_matches: bool,
+    /// The figures that differ, as "what: cachalot X, PyTorch Y".
+    pub pytorch_differences: Vec<String>,
+}
+
+impl PytorchFigures {
+    fn new(f: &Figures, out: &ReplayOutcome) -> PytorchFigures {
+        let checks: [(&str, i128, Option<i64>); 6] = [
+            (
+                "peak reserved",
+                out.peak_reserved_bytes.into(),
+                i64::try_from(f.max_memory_reserved).ok(),
+            ),
+            (
+                "peak allocated",
+                out.peak_allocated_bytes.into(),
+                i64::try_from(f.max_memory_allocated).ok(),
+            ),
+            (
+                "peak segments",
+                out.peak_segments.into(),
+                f.stat("segment.all.peak"),
+            ),
+            (
+                "device allocs",
+                out.device_allocs.into(),
+                f.stat("num_device_alloc"),
+            ),
+            (
+                "device frees",
+                out.device_frees.into(),
+                f.stat("num_device_free"),
+            ),
+            ("ooms", out.ooms.into(), f.stat("num_ooms")),
+        ];
+        let differences: Vec<String> = checks
+            .iter()
+            .filter_map(|&(what, ours, theirs)| {
+                let theirs = theirs?;
+                (ours != i128::from(theirs))
+                    .then(|| format!("{what}: cachalot {ours}, PyTorch {theirs}"))
+            })
+            .collect();
+        PytorchFigures {
+            pytorch_version: f.torch_version.clone(),
+            pytorch_gpu_name: f.gpu_name.clone(),
+            pytorch_peak_allocated_bytes: f.max_memory_allocated,
+            pytorch_peak_reserved_bytes: f.max_memory_reserved,
+            pytorch_peak_segments: f.stat("segment.all.peak"),
+            pytorch_device_allocs: f.stat("num_device_alloc"),
+            pytorch_device_frees: f.stat("num_device_free"),
+            pytorch_ooms: f.stat("num_ooms"),
+            pytorch_matches: differences.is_empty(),
+            pytorch_differences: differences,
+        }
+    }
+}
+
+impl Report {
+    /// The report of one replay.
+    pub fn new(trace: &Trace, config: &ReplayConfig, run: &Run) -> Report {
+        let out = &run.outcome;
+        Report {
+            trace: trace.name(),
+            device: trace.device,
+            config: config.settings.to_string(),
+            config_label: config_label(&config.settings),
+            backend: run.backend.name(),
+            gpu_name: run.gpu_name.clone(),
+            device_total_bytes: run.device_total,
+            memory_fraction: config.settings.per_process_memory_fraction,
+            repeat: config.repeat,
+            ops: out.ops,
+            allocs: out.allocs,
+            frees: out.frees,
+            peak_requested_bytes: out.peak_requested_bytes,
+            peak_allocated_bytes: out.peak_allocated_bytes,
+            peak_reserved_bytes: out.peak_reserved_bytes,
+            fragmentation: out.fragmentation(),
+            device_allocs: out.device_allocs,
+            device_frees: out.device_frees,
+            cache_hit_rate: out.cache_hit_rate,
+            ooms: out.ooms,
+            num_alloc_retries: out.stats.num_alloc_retries,
+            num_sync_all_streams: out.stats.num_sync_all_streams,
+            ns_per_op: out.ns_per_op,
+            peak_segments: out.peak_segments,
+            final_segments: out.final_layout.len(),
+            final_reserved_bytes: out.final_layout.iter().map(|s| s.size).sum(),
+            empty_cache_at_peak_bytes: out.empty_cache_at_peak_bytes,
+            stranded_at_peak_bytes: out.stranded_at_peak_bytes,
+            pytorch: trace.figures.as_ref().map(|f| PytorchFigures::new(f, out)),
+        }
+    }
+
+    /// The human report.
+    pub fn human(&self, plot: Option<&Path>, snapshot: Option<&Path>) -> String {
+        let mut s = String::new();
+        let mut line = |l: String| {
+            s.push_str(l.trim_end());
+            s.push('\n');
+        };
+        line(format!(
+            "trace      {} (device {})",
+            self.trace, self.device
+        ));
+        line(format!(
+            "           {} operations: {} allocations, {} frees",
+            grouped(self.ops as u64),
+            grouped(self.allocs as u64),
+            grouped(self.frees as u64)
+        ));
+        line(format!("settings   {}", self.config_label));
+        let device = match (&self.gpu_name, self.backend) {
+            (Some(name), _) => format!("{name} (CUDA), {}", human(self.device_total_bytes)),
+            (None, _) => format!("simulated, {}", human(self.device_total_bytes)),
+        };
+        line(format!("device     {device}"));
+        line(String::new());
+        let py = self.pytorch.as_ref();
+        let col = |v: Option<String>| v.unwrap_or_default();
+        line(format!(
+            "{:<22}{:<30}{}",
+            "",
+            "cachalot",
+            if py.is_some() { "PyTorch" } else { "" }
+        ));
+        line(format!(
+            "{:<22}{}",
+            "peak requested",
+            human(self.peak_requested_bytes)
+        ));
+        line(format!(
+            "{:<22}{:<30}{}",
+            "peak allocated",
+            human(self.peak_allocated_bytes),
+            col(py.map(|p| human(p.pytorch_peak_allocated_bytes)))
+        ));
+        line(format!(
+            "{:<22}{:<30}{}",
+            "peak reserved",
+            format!(
+                "{} ({} B)",
+                human(self.peak_reserved_bytes),
+                grouped(self.peak_reserved_bytes)
+            ),
+            col(py.map(|p| format!(
+                "{} ({} B)",
+                human(p.pytorch_peak_reserved_bytes),
+                grouped(p.pytorch_peak_reserved_bytes)
+            )))
+        ));
+        let opt = |v: Option<i64>| v.map_or("?".to_string(), |v| v.to_string());
+        line(format!(
+            "{:<22}{:<30}{}",
+            "peak segments",
+            self.peak_segments,
+            col(py.map(|p| opt(p.pytorch_peak_segments)))
+        ));
+        line(format!(
+            "{:<22}{:<30}{}",
+            "device allocs / frees",
+            format!("{} / {}", self.device_allocs, self.device_frees),
+            col(py.map(|p| format!(
+                "{} / {}",
+                opt(p.pytorch_device_allocs),
+                opt(p.pytorch_device_frees)
+            )))
+        ));
+        line(format!(
+            "{:<22}{:<30}{}",
+            "out of memory",
+            self.ooms,
+            col(py.map(|p| opt(p.pytorch_ooms)))
+        ));
+        line(format!(
+            "{:<22}{:.3}  (peak reserved / peak requested; 1.000 is the physical limit)",
+            "fragmentation", self.fragmentation
+        ));
+        line(format!(
+            "{:<22}{:.2}% of allocations served without a device call",
+            "cache hit rate",
+            self.cache_hit_rate * 100.0
+        ));
+        line(format!(
+            "{:<22}empty_cache() would have given back {}; {} stranded in split segments",
+            "at the peak",
+            human(self.empty_cache_at_peak_bytes),
+            human(self.stranded_at_peak_bytes)
+        ));
+        let passes = if self.repeat > 1 {
+            format!("steady state over {} passes", self.repeat - 1)
+        } else {
+            "one pass".to_string()
+        };
+        line(format!(
+            "{:<22}{:.0} ns per operation ({passes})",
+            "allocator time", self.ns_per_op
+        ));
+        if let Some(p) = py {
+            line(String::new());
+            if p.pytorch_matches {
+                line(format!(
+                    "matches PyTorch {} on {} to the byte (peak reserved, peak allocated, segments, device allocs and frees, OOMs)",
+                    p.pytorch_version, p.pytorch_gpu_name
+                ));
+            } else {
+                line(format!(
+                    "differs from PyTorch {} on {}:",
+                    p.pytorch_version, p.pytorch_gpu_name
+                ));
+                for d in &p.pytorch_differences {
+                    line(format!("  {d}"));
+                }
+            }
+        }
+        if let Some(path) = plot {
+            line(format!("plot       {}", path.display()));
+        }
+        if let Some(path) = snapshot {
+            line(format!("snapshot   {}", path.display()));
+        }
+        s.pop();
+        s
+    }
+}
