@@ -40,7 +40,8 @@ pub enum Outcome {
     Other(String),
 }
 
-fn from_alloc<T>(r: Result<T, Error>, value: impl Fn(T) -> u64) -> Outcome {
+/// The allocator's result as an [`Outcome`], with `value` giving the number to compare.
+pub fn from_alloc<T>(r: Result<T, Error>, value: impl Fn(T) -> u64) -> Outcome {
     match r {
         Ok(v) => Outcome::Ok(value(v)),
         Err(Error::OutOfMemory(o)) => Outcome::OutOfMemory {
@@ -58,7 +59,8 @@ fn from_alloc<T>(r: Result<T, Error>, value: impl Fn(T) -> u64) -> Outcome {
     }
 }
 
-fn from_model<T>(r: Result<T, ModelError>, value: impl Fn(T) -> u64) -> Outcome {
+/// The model's result as an [`Outcome`], with `value` giving the number to compare.
+pub fn from_model<T>(r: Result<T, ModelError>, value: impl Fn(T) -> u64) -> Outcome {
     match r {
         Ok(v) => Outcome::Ok(value(v)),
         Err(ModelError::OutOfMemory {

@@ -8,3 +8,4 @@ pub mod op;
 pub mod replay;
 pub mod scenario;
 pub mod snapshot;
+pub mod threaded;
