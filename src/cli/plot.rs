@@ -74,7 +74,8 @@ pub fn timeline(path: &Path, timeline: &[Sample], title: &str) -> Result<(), Cli
         .light_line_style(WHITE.mix(0.0))
         .draw()
         .map_err(|e| failed(path, e))?;
-    let series: [(&str, RGBColor, fn(&Sample) -> u64); 3] = [
+    type Series = (&'static str, RGBColor, fn(&Sample) -> u64);
+    let series: [Series; 3] = [
         ("reserved", RGBColor(214, 39, 40), |s| s.reserved),
         ("allocated", RGBColor(31, 119, 180), |s| s.allocated),
         ("requested", RGBColor(44, 160, 44), |s| s.requested),

@@ -1,0 +1,92 @@
+//! `cachalot compare`: every trace under every setting, the baseline first, in one table, as
+//! JSON and as grouped bars.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn fixture(name: &str) -> PathBuf {
+    let local = Path::new("tests/fixtures/traces");
+    let dir = if local.is_dir() {
+        local.to_path_buf()
+    } else {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/traces")
+    };
+    dir.join(format!("{name}.pickle"))
+}
+
+fn cachalot(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cachalot"))
+        .args(args)
+        .output()
+        .expect("the cachalot binary runs")
+}
+
+#[test]
+fn compare_prints_one_row_per_trace_and_setting_with_the_baseline_first() {
+    let (a, b) = (fixture("two_stream"), fixture("oversize_max_split"));
+    let out = cachalot(&[
+        "compare",
+        a.to_str().unwrap(),
+        b.to_str().unwrap(),
+        "--config",
+        "max_split_size_mb:64",
+        "--config",
+        "roundup_power2_divisions:4",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| -"))
+        .collect();
+    // header + 2 traces x 3 settings, then header + 3 geometric means
+    assert_eq!(rows.len(), 1 + 6 + 1 + 3, "{text}");
+    assert!(rows[1].contains("two_stream") && rows[1].contains("PyTorch (recorded settings)"));
+    assert!(rows[1].contains("= PyTorch"), "{text}");
+    assert!(rows[4].contains("oversize_max_split") && rows[4].contains("= PyTorch"));
+    assert!(text.contains("geometric mean of fragmentation"));
+}
+
+#[test]
+fn compare_json_and_plot() {
+    let dir = std::env::temp_dir().join(format!("cachalot-compare-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = dir.join("bars.svg");
+    let t = fixture("gpt2_train");
+    let out = cachalot(&[
+        "compare",
+        t.to_str().unwrap(),
+        "--config",
+        "max_split_size_mb:64",
+        "--json",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["configs"][0], "PyTorch (recorded settings)");
+    assert_eq!(j["configs"][1], "max_split_size_mb:64");
+    let results = &j["traces"][0]["results"];
+    assert_eq!(results[0]["pytorch_matches"], true);
+    assert_eq!(results[0]["peak_reserved_bytes"], 2_122_317_824u64);
+    let gm = j["geomean_fragmentation"].as_array().unwrap();
+    assert_eq!(gm.len(), 2);
+    assert_eq!(gm[0], results[0]["fragmentation"]);
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.starts_with("<svg") && text.contains("gpt2_train"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn compare_needs_a_trace() {
+    let out = cachalot(&["compare", "--config", "max_split_size_mb:64"]);
+    assert_eq!(out.status.code(), Some(2));
+}
