@@ -4,6 +4,7 @@
 
 pub mod differential;
 pub mod export;
+pub mod fuzzing;
 pub mod op;
 pub mod replay;
 pub mod scenario;

@@ -4,17 +4,22 @@
 //! number of live blocks, so a shrunk or fuzzed sequence never refers to a block that does not
 //! exist, and a failing case prints as a paste-ready list of operations.
 
+use arbitrary::Unstructured;
 use proptest::prelude::*;
 
 /// Streams the harness uses: a handful, so cross-stream rules are exercised often.
 pub const STREAMS: u8 = 3;
 
 /// One step of a scenario.
-#[derive(Clone, Debug, PartialEq, Eq)]
+///
+/// `Arbitrary` (for cargo-fuzz) draws sizes, fractions and fault counts biased the way
+/// [`op_strategy`] is: towards the policy's boundaries and mostly valid values.
+#[derive(Clone, Debug, PartialEq, Eq, arbitrary::Arbitrary)]
 pub enum Op {
     /// Allocate `size` bytes on stream `stream % STREAMS`.
     Malloc {
         /// Bytes requested.
+        #[arbitrary(with = arbitrary_size)]
         size: u64,
         /// Stream index.
         stream: u8,
@@ -41,11 +46,13 @@ pub enum Op {
     /// Set the memory fraction to `per_mille / 1000` (values above 1000 are invalid on purpose).
     SetFraction {
         /// The fraction in thousandths.
+        #[arbitrary(with = arbitrary_per_mille)]
         per_mille: u16,
     },
     /// The next `n` device allocations report out-of-memory.
     FailDeviceAllocs {
         /// How many.
+        #[arbitrary(with = arbitrary_fault_count)]
         n: u8,
     },
     /// Free an address that is not a live allocation (a freed or foreign pointer).
@@ -109,4 +116,36 @@ pub fn op_strategy() -> impl Strategy<Value = Op> {
         1 => (1u8..=3).prop_map(|n| Op::FailDeviceAllocs { n }),
         1 => any::<u64>().prop_map(|address| Op::FreeForeign { address }),
     ]
+}
+
+/// A request size for `Arbitrary` inputs, with the weights of [`size_strategy`]: a boundary
+/// size, a boundary nudged by a few multiples of 512, a small, medium or large size, zero, or
+/// (rarely) any 64-bit value.
+pub fn arbitrary_size(u: &mut Unstructured<'_>) -> arbitrary::Result<u64> {
+    let boundary =
+        |u: &mut Unstructured<'_>| -> arbitrary::Result<u64> { Ok(*u.choose(BOUNDARY_SIZES)?) };
+    Ok(match u.int_in_range(0u8..=12)? {
+        0..=2 => boundary(u)?,
+        3..=4 => {
+            let b = boundary(u)?;
+            let j = u.int_in_range(-4i64..=4)?;
+            b.saturating_add_signed(j * 512).max(1)
+        }
+        5..=7 => u.int_in_range(1..=MIB)?,
+        8..=9 => u.int_in_range(MIB..=24 * MIB)?,
+        10 => u.int_in_range(24 * MIB..=160 * MIB)?,
+        11 => 0,
+        _ => u.arbitrary()?,
+    })
+}
+
+/// A memory fraction in thousandths for `Arbitrary` inputs: mostly valid (0..=1000), sometimes
+/// just invalid (1001), as [`op_strategy`] draws it.
+pub fn arbitrary_per_mille(u: &mut Unstructured<'_>) -> arbitrary::Result<u16> {
+    u.int_in_range(0u16..=1001)
+}
+
+/// How many device allocations fail, for `Arbitrary` inputs: 1 to 3, as [`op_strategy`] draws it.
+pub fn arbitrary_fault_count(u: &mut Unstructured<'_>) -> arbitrary::Result<u8> {
+    u.int_in_range(1u8..=3)
 }

@@ -97,6 +97,38 @@ pub fn knobs_strategy() -> impl Strategy<Value = Knobs> {
         })
 }
 
+/// Knobs for fuzzing, drawn from the same choices as [`knobs_strategy`] (small capped devices,
+/// every setting varied) so that a fuzzer and the property tests explore the same space.
+impl<'a> arbitrary::Arbitrary<'a> for Knobs {
+    fn arbitrary(u: &mut arbitrary::Unstructured<'a>) -> arbitrary::Result<Knobs> {
+        let capacity = *u.choose(&[48 * MIB, 96 * MIB, 200 * MIB, 1u64 << 30])?;
+        let max_split_size =
+            *u.choose(&[u64::MAX, u64::MAX, u64::MAX, 20 * MIB, 40 * MIB, 64 * MIB])?;
+        let max_non_split_rounding_size = *u.choose(&[20 * MIB, 20 * MIB, 20 * MIB, 40 * MIB])?;
+        let garbage_collection_threshold = *u.choose(&[0.0, 0.0, 0.0, 0.5, 0.8])?;
+        let roundup_power2_divisions = match u.int_in_range(0u8..=5)? {
+            0..=2 => [0u64; 16],
+            3 => [4u64; 16],
+            4 => [2u64; 16],
+            _ => {
+                let mut d = [8u64; 16];
+                d[0] = 1;
+                d[1] = 2;
+                d
+            }
+        };
+        let memory_fraction = *u.choose(&[None, None, None, Some(0.5), Some(0.8)])?;
+        Ok(Knobs {
+            capacity,
+            max_split_size,
+            max_non_split_rounding_size,
+            garbage_collection_threshold,
+            roundup_power2_divisions,
+            memory_fraction,
+        })
+    }
+}
+
 /// A scenario: knobs and operations.
 #[derive(Clone, Debug)]
 pub struct Scenario {
@@ -108,6 +140,9 @@ pub struct Scenario {
 
 /// Scenarios of `len` operations.
 pub fn scenario_strategy(len: std::ops::RangeInclusive<usize>) -> impl Strategy<Value = Scenario> {
-    (knobs_strategy(), proptest::collection::vec(op_strategy(), len))
+    (
+        knobs_strategy(),
+        proptest::collection::vec(op_strategy(), len),
+    )
         .prop_map(|(knobs, ops)| Scenario { knobs, ops })
 }

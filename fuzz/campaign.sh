@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# A fuzz campaign: builds every target and runs each for TARGET_SECONDS with JOBS processes,
+# then prints executions, executions per second, corpus size and every crash with the command
+# that reproduces it. Exits 1 when any target crashed (or hung, or ran out of memory).
+#
+#   fuzz/campaign.sh TARGET_SECONDS [JOBS]
+#
+# Environment:
+#   TARGETS    targets to run, space-separated (default: all four, fastest first)
+#   SANITIZER  cargo fuzz's -s (default none: the code under test is safe Rust, and without a
+#              sanitizer stable Rust builds it; 'address' needs a nightly toolchain)
+#   FUZZ_ARGS  extra libFuzzer flags for every target (e.g. -max_len=8192)
+#
+# Route (see fuzz/README.md): cargo-fuzz (installed here if missing) on the stable toolchain
+# with RUSTC_BOOTSTRAP=1, which cargo-fuzz needs for its -Z flags; no nightly required.
+# Working corpora go to fuzz/corpus/<target>/ (kept between campaigns, not committed; the
+# committed seeds in fuzz/seeds/<target>/ are read as a second corpus), crashes to
+# fuzz/artifacts/<target>/, libFuzzer's logs to fuzz/logs/<target>/.
+set -euo pipefail
+
+usage() { echo "usage: $0 TARGET_SECONDS [JOBS]" >&2; exit 2; }
+[[ $# -ge 1 && $# -le 2 && $1 =~ ^[0-9]+$ && $1 -gt 0 ]] || usage
+SECONDS_PER_TARGET=$1
+JOBS=${2:-1}
+[[ $JOBS =~ ^[0-9]+$ && $JOBS -gt 0 ]] || usage
+TARGETS=${TARGETS:-"settings_parser snapshot_reader device_faults differential"}
+SANITIZER=${SANITIZER:-none}
+
+FUZZ=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(dirname "$FUZZ")
+cd "$FUZZ"
+
+export RUSTC_BOOTSTRAP=1
+if ! cargo fuzz --version >/dev/null 2>&1; then
+    echo "== installing cargo-fuzz"
+    cargo install cargo-fuzz --locked
+fi
+
+echo "== building (sanitizer: $SANITIZER)"
+cargo fuzz build -s "$SANITIZER"
+BIN="$FUZZ/target/x86_64-unknown-linux-gnu/release"
+
+# Per-target libFuzzer flags.
+target_flags() {
+    case $1 in
+        settings_parser) echo "-dict=$FUZZ/settings.dict -max_len=512" ;;
+        # Real snapshots are larger, but mutations of a 32 KiB prefix reach every opcode and
+        # every field; the full fixtures are replayed by the test suite.
+        snapshot_reader) echo "-max_len=32768" ;;
+        # MAX_OPS operations of at most ~16 bytes each.
+        differential | device_faults) echo "-max_len=4096" ;;
+    esac
+}
+
+crashed=0
+summary=()
+for t in $TARGETS; do
+    [[ -x $BIN/$t ]] || { echo "unknown target $t" >&2; exit 2; }
+    corpus=$FUZZ/corpus/$t
+    artifacts=$FUZZ/artifacts/$t
+    logs=$FUZZ/logs/$t
+    mkdir -p "$corpus" "$artifacts" "$logs"
+    rm -f "$logs"/fuzz-*.log
+    extra=()
+    if [[ $t == snapshot_reader ]]; then
+        # The recorded snapshots small enough for -max_len, beside the committed seeds.
+        fixtures=$FUZZ/corpus/.snapshot_fixtures
+        mkdir -p "$fixtures"
+        find "$ROOT/tests/fixtures" -name '*.pickle' -size -32k -exec cp {} "$fixtures/" \;
+        extra=("$fixtures")
+    fi
+    before=$(ls "$artifacts" | wc -l)
+    echo "== $t: $SECONDS_PER_TARGET s, $JOBS job(s)"
+    start=$(date +%s)
+    # -jobs/-workers: JOBS processes, each fuzzing for the whole time and sharing the corpus.
+    (cd "$logs" && "$BIN/$t" "$corpus" "$FUZZ/seeds/$t" "${extra[@]}" \
+        -max_total_time="$SECONDS_PER_TARGET" -jobs="$JOBS" -workers="$JOBS" \
+        -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+        -artifact_prefix="$artifacts/" $(target_flags "$t") ${FUZZ_ARGS:-} \
+        >"$logs/driver.log" 2>&1) || true
+    elapsed=$(( $(date +%s) - start ))
+    execs=$(cat "$logs"/fuzz-*.log 2>/dev/null | awk '/stat::number_of_executed_units/ {s += $2} END {print s + 0}')
+    rss=$(cat "$logs"/fuzz-*.log 2>/dev/null | awk '/stat::peak_rss_mb/ {if ($2 > m) m = $2} END {print m + 0}')
+    files=$(ls "$corpus" | wc -l)
+    bytes=$(( $(find "$corpus" -type f -printf "%s\n" | awk "{s += \$1} END {print s + 0}") / 1024 ))
+    rate=$(( execs / (elapsed > 0 ? elapsed : 1) ))
+    line=$(printf '%-16s %12s execs  %8s exec/s  %6s s  corpus %6s files %7s KiB  peak RSS %5s MB' \
+        "$t" "$execs" "$rate" "$elapsed" "$files" "$bytes" "$rss")
+    new=$(( $(ls "$artifacts" | wc -l) - before ))
+    if (( new > 0 )) || grep -qs -e '^==[0-9]*== ERROR: libFuzzer' -e 'panicked at' "$logs"/fuzz-*.log; then
+        crashed=1
+        line+="  CRASHED"
+        echo "!! $t found a crash; log excerpts:"
+        grep -hs -A12 -e 'panicked at' -e 'ERROR: libFuzzer' "$logs"/fuzz-*.log | head -60 || true
+        for a in $(ls -t "$artifacts" | head -n "$(( new > 0 ? new : 1 ))"); do
+            echo "!! reproduce:  cd $FUZZ && RUSTC_BOOTSTRAP=1 cargo fuzz run -s $SANITIZER $t artifacts/$t/$a"
+            echo "!!    or:      $BIN/$t $artifacts/$a"
+            echo "!! keep it:    cp $artifacts/$a $FUZZ/regressions/$t/  (then cargo test --test fuzz_corpus)"
+        done
+    fi
+    summary+=("$line")
+done
+
+echo
+echo "== summary ($SECONDS_PER_TARGET s per target, $JOBS job(s))"
+printf '%s\n' "${summary[@]}"
+if (( crashed )); then
+    echo "== crash found"
+    exit 1
+fi
+echo "== no crash"

@@ -1,0 +1,8 @@
+//! PYTORCH_CUDA_ALLOC_CONF parser: settings or a clean error; printed settings parse back equal.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    if let Err(e) = cachalot_tools::fuzzing::settings_parser(data) {
+        panic!("{e}");
+    }
+});
