@@ -77,12 +77,9 @@ fn the_simulated_replay_of_each_gpu_snapshot_agrees_with_the_gpu_to_the_byte() {
             .allocator_settings
             .as_ref()
             .expect("cachalot writes its settings");
-        let settings = Settings::pytorch().apply(&recorded.alloc_conf).unwrap();
-        assert_eq!(
-            settings.to_string(),
-            gpu["config"].as_str().unwrap(),
-            "{name}"
-        );
+        let settings = Settings::pytorch()
+            .apply(&recorded.alloc_conf)
+            .unwrap_or_else(|e| panic!("{name}: the recorded settings: {e}"));
         let device = gpu["device"].as_u64().unwrap() as usize;
         let trace = snapshot
             .traces
