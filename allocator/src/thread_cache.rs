@@ -41,8 +41,10 @@ pub(crate) struct LocalState {
     pub parked: Vec<(u64, Meta)>,
 }
 
-/// One thread's cache for one allocator.
+/// One thread's cache for one allocator, on cache lines of its own (threads' caches must not
+/// share one: the fast paths of different threads would then contend after all).
 #[derive(Debug, Default)]
+#[repr(align(128))]
 pub(crate) struct Local {
     pub state: Mutex<LocalState>,
 }
@@ -70,14 +72,17 @@ impl Local {
         if st.parked.len() >= capacity {
             return false;
         }
-        match st.live.get(&address) {
-            Some(m) if !m.uses => {
-                let meta = *m;
-                st.live.remove(&address);
+        match st.live.remove(&address) {
+            Some(meta) if !meta.uses => {
                 st.parked.push((address, meta));
                 true
             }
-            _ => false,
+            Some(meta) => {
+                // Used on another stream: the slow path frees it (rule 15).
+                st.live.insert(address, meta);
+                false
+            }
+            None => false,
         }
     }
 }
