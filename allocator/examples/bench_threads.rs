@@ -10,7 +10,7 @@
 //! host: 0.55–1.6 / 0.8–2.5 / 2.2–2.7 / 2.6–3.2 µs at 1 / 2 / 4 / 8 threads (1 MiB).
 
 use std::sync::Barrier;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use cachalot::{Allocator, Backend, Settings, SimDevice, StreamId};
 
@@ -18,13 +18,13 @@ const THREADS: [usize; 4] = [1, 2, 4, 8];
 const PAIRS: u64 = 2_000_000;
 const SIZES: [(u64, &str); 3] = [(512, "512 B"), (1 << 20, "1 MiB"), (64 << 20, "64 MiB")];
 
-/// Wall time per pair for `threads` threads, each on its own stream.
+/// Wall time per pair in nanoseconds for `threads` threads, each on its own stream.
 fn wall_per_pair<B: Backend + Send>(
     a: &Allocator<B>,
     streams: &[StreamId],
     threads: usize,
     size: u64,
-) -> Duration {
+) -> f64 {
     let start = Barrier::new(threads + 1);
     let end = Barrier::new(threads + 1);
     let per_thread = PAIRS / threads as u64;
@@ -47,7 +47,7 @@ fn wall_per_pair<B: Backend + Send>(
         start.wait();
         let t = Instant::now();
         end.wait();
-        t.elapsed() / (per_thread * threads as u64) as u32
+        t.elapsed().as_secs_f64() * 1e9 / (per_thread * threads as u64) as f64
     })
 }
 
@@ -70,8 +70,8 @@ fn table<B: Backend + Send>(
             let a = make(settings);
             print!("{label:>9} | {name:>8}");
             for t in THREADS {
-                let d = wall_per_pair(&a, streams, t, size);
-                print!(" | {:>6.1} ns", d.as_secs_f64() * 1e9);
+                let ns = wall_per_pair(&a, streams, t, size);
+                print!(" | {ns:>6.1} ns");
             }
             println!();
         }
