@@ -211,7 +211,12 @@ fn a_release_before_an_oom_is_left_to_the_failing_allocation() {
     // The release is PyTorch's own, inside the allocation that then failed: the failing
     // allocation is replayed and releases the cache by itself.
     assert_eq!(
-        (r.internal_releases, r.empty_caches, r.failed_allocs, r.ignored_entries),
+        (
+            r.internal_releases,
+            r.empty_caches,
+            r.failed_allocs,
+            r.ignored_entries
+        ),
         (1, 0, 1, 0)
     );
     assert!(matches!(p.ops.last(), Some(&A { size, stream: 0, .. }) if size == 300 * MIB));

@@ -18,6 +18,8 @@ use crate::settings::Settings;
 use crate::sizes::{MAX_ALLOC_SIZE, MIN_BLOCK_SIZE, Pool, SMALL_SIZE, round_size, segment_size};
 use crate::stats::Stats;
 
+mod release;
+
 /// A key of a pool's free set: best fit is the first key at or after `(stream, size, 0)`.
 type FreeKey = (StreamId, u64, u64, BlockId);
 
@@ -557,145 +559,6 @@ impl<B: Backend> CachingCore<B> {
         if b.event_count == 0 {
             self.return_to_pool(id);
         }
-    }
-
-    /// Rule 9: wait for every outstanding event, then give every whole free segment back.
-    pub fn empty_cache(&mut self) -> Result<(), Error> {
-        self.release_cached()
-    }
-
-    fn release_cached(&mut self) -> Result<(), Error> {
-        self.stats.num_sync_all_streams += 1;
-        let streams: Vec<StreamId> = self.events.keys().copied().collect();
-        for stream in streams {
-            while let Some(&(event, id)) = self.events.get(&stream).and_then(|q| q.front()) {
-                self.backend.synchronize_event(event)?;
-                self.retire_event(stream, event, id);
-            }
-        }
-        self.release_whole_segments(Pool::Large)?;
-        self.release_whole_segments(Pool::Small)
-    }
-
-    fn release_whole_segments(&mut self, pool: Pool) -> Result<(), Error> {
-        let whole: Vec<BlockId> = self.free[pool.index()]
-            .iter()
-            .map(|k| k.3)
-            .filter(|&id| !self.blocks.get(id).is_split())
-            .collect();
-        for id in whole {
-            self.release_segment(id)?;
-        }
-        Ok(())
-    }
-
-    /// Gives a free, whole-segment block back to the device.
-    fn release_segment(&mut self, id: BlockId) -> Result<(), Error> {
-        let (address, size, pool, stream) = {
-            let b = self.blocks.get(id);
-            debug_assert!(!b.is_split() && b.state == BlockState::Free);
-            (b.address, b.size, b.pool, b.stream)
-        };
-        self.backend.free(address, size)?;
-        self.stats.num_device_free += 1;
-        self.trace(TraceAction::SegmentFree, address, size, stream);
-        self.free[pool.index()].remove(&(stream, size, address, id));
-        self.blocks.remove(id);
-        self.reserved -= size;
-        self.stats.segment.decrease(pool, 1);
-        self.stats.reserved_bytes.decrease(pool, size);
-        if size >= self.settings.max_split_size {
-            self.stats.oversize_segments.decrease(1);
-        }
-        Ok(())
-    }
-
-    /// Rule 11: release one oversize block that is large enough, or the largest ones until
-    /// enough is released. True when that succeeded.
-    fn release_oversize(
-        &mut self,
-        pool: Pool,
-        stream: StreamId,
-        rounded: u64,
-    ) -> Result<bool, Error> {
-        let max_split = self.settings.max_split_size;
-        if max_split == u64::MAX {
-            return Ok(false);
-        }
-        let target = rounded.max(max_split);
-        let first = self.free[pool.index()]
-            .range((stream, target, 0, 0)..)
-            .next()
-            .copied();
-        if let Some((s, _, _, id)) = first {
-            // A block that is not a whole segment cannot be given back on its own; PyTorch
-            // skips such blocks (expandable segments) the same way.
-            if s == stream && !self.blocks.get(id).is_split() {
-                self.release_segment(id)?;
-                return Ok(true);
-            }
-        }
-        let mut chosen = Vec::new();
-        let mut total = 0u64;
-        for &(s, size, _, id) in self.free[pool.index()]
-            .range(..(stream, target, 0, 0))
-            .rev()
-        {
-            if total >= target || size < max_split || s != stream {
-                break;
-            }
-            if !self.blocks.get(id).is_split() {
-                chosen.push(id);
-                total += size;
-            }
-        }
-        for id in chosen {
-            self.release_segment(id)?;
-        }
-        Ok(total >= target)
-    }
-
-    /// Rule 12: release old whole free segments of the large pool until reserved memory is
-    /// back under the garbage-collection threshold.
-    fn garbage_collect(&mut self) -> Result<(), Error> {
-        let allowed = self.allowed_max.unwrap_or(0);
-        let threshold = (self.settings.garbage_collection_threshold * allowed as f64) as u64;
-        if self.reserved <= threshold {
-            return Ok(());
-        }
-        let target = self.reserved - threshold;
-        let now = self.searches[Pool::Large.index()];
-        let age = |b: &Block| now - b.gc_base;
-        let mut total_age = 0u64;
-        let mut count = 0u64;
-        for k in &self.free[Pool::Large.index()] {
-            let b = self.blocks.get(k.3);
-            if !b.is_split() {
-                total_age += age(b);
-                count += 1;
-            }
-        }
-        let mut reclaimed = 0u64;
-        let mut freed_any = true;
-        while reclaimed < target && freed_any && count > 0 {
-            let mean = total_age as f64 / count as f64;
-            freed_any = false;
-            let old: Vec<(BlockId, u64, u64)> = self.free[Pool::Large.index()]
-                .iter()
-                .filter_map(|k| {
-                    let b = self.blocks.get(k.3);
-                    (!b.is_split() && age(b) as f64 >= mean).then_some((k.3, b.size, age(b)))
-                })
-                .collect();
-            for (id, size, a) in old {
-                self.release_segment(id)?;
-                freed_any = true;
-                reclaimed += size;
-                total_age -= a;
-                count -= 1;
-            }
-        }
-        Ok(())
     }
 
     /// The segments and their blocks, by address.
