@@ -24,6 +24,14 @@ use crate::thread_cache::{self, Local, LocalState, Meta, Registry};
 /// A caching allocator for one device: `Send + Sync`, and cheap to clone (clones share the
 /// cache).
 ///
+/// With [`Settings::thread_cache_blocks`] above zero (cachalot's defaults), each thread keeps
+/// the last blocks it freed, up to that many, and gets them back for its own requests of the
+/// same size on the same stream without taking the shared lock (rule 17 of ARCHITECTURE.md).
+/// Kept blocks still count as allocated in [`Allocator::stats`]; [`Allocator::empty_cache`],
+/// an out-of-memory retry, [`Allocator::flush_thread_cache`] and the thread's exit give them
+/// back. With [`Settings::pytorch`] every call takes one lock around the policy core, as
+/// PyTorch's allocator does.
+///
 /// ```
 /// use cachalot::{Allocator, Settings, SimDevice, StreamId};
 ///
@@ -65,7 +73,7 @@ struct Inner<B: Backend> {
     core: CachingCore<B>,
     /// Each thread's cache, in the order the threads first allocated (rule 17's flush order).
     threads: Vec<Arc<Local>>,
-    /// For every block handed out through a thread cache's owner, live or parked: that owner.
+    /// For every block handed out to a registered thread, live or parked: that thread's cache.
     owners: FxHashMap<u64, Arc<Local>>,
 }
 
