@@ -32,3 +32,12 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
         m.lock().unwrap()
     }
 }
+
+/// The standard library's own types, for the CUDA layer: cudarc hands out `std::sync::Arc`s,
+/// and code that talks to the driver runs on real threads only (loom models the front end and
+/// the policy over the simulated device, never the driver).
+#[cfg(feature = "cuda")]
+pub(crate) mod real {
+    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    pub(crate) use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+}

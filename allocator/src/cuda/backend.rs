@@ -8,7 +8,7 @@
 //! the ones it created, and streams against the ones it was shown; anything else is refused
 //! (or, for an unknown stream, handled by synchronising the device) without touching the driver.
 
-use std::sync::Arc;
+use crate::sync::real::Arc;
 
 use cudarc::driver::sys::{self, CUevent_flags, CUresult};
 use cudarc::driver::{CudaContext, CudaStream, DriverError, LaunchArgs, PushKernelArg, result};

@@ -8,9 +8,9 @@
 //! anything else built on those traits record on their own; a kernel launch records through
 //! [`Launch`] (cudarc's `LaunchArgs` keeps its stream to itself).
 
+use crate::sync::real::Arc;
+use crate::sync::real::{AtomicU64, Ordering};
 use std::marker::PhantomData;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{

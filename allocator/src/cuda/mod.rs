@@ -48,8 +48,8 @@ mod buffer;
 mod error;
 mod summary;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use crate::sync::real::{Arc, Mutex, MutexGuard, PoisonError};
+use crate::sync::real::{AtomicBool, AtomicU64, Ordering};
 
 use rustc_hash::FxHashSet;
 
@@ -94,8 +94,22 @@ pub fn device_count() -> Result<usize, CudaError> {
     Ok(usize::try_from(count).unwrap_or(0))
 }
 
+/// Allocator numbers, for [`Shared::id`].
+static NEXT_ALLOCATOR_ID: AtomicU64 = AtomicU64::new(1);
+
+std::thread_local! {
+    /// The last `(allocator, stream generation, stream)` this thread retained a stream for.
+    static LAST_RETAINED: std::cell::Cell<(u64, u64, u64)> = const { std::cell::Cell::new((0, 0, 0)) };
+}
+
 struct Shared {
     ctx: Arc<CudaContext>,
+    /// This allocator's number, unique in the process: the key of the per-thread record of
+    /// streams already retained.
+    id: u64,
+    /// Bumped whenever the backend may forget streams (`empty_cache`), so per-thread records
+    /// of retained streams made before it are not trusted.
+    stream_generation: AtomicU64,
     auto_record: AtomicBool,
     /// Addresses handed out by `malloc_raw` and not yet freed: `free_raw` takes only these,
     /// so it can never free a block a `DeviceBlock` owns.
@@ -157,6 +171,8 @@ impl CudaAllocator {
             inner: Allocator::from_core(core),
             shared: Arc::new(Shared {
                 ctx,
+                id: NEXT_ALLOCATOR_ID.fetch_add(1, Ordering::Relaxed),
+                stream_generation: AtomicU64::new(0),
                 auto_record: AtomicBool::new(true),
                 raw: Mutex::new(FxHashSet::default()),
             }),
@@ -233,10 +249,18 @@ impl CudaAllocator {
     fn malloc_on(&self, bytes: u64, stream: &Arc<CudaStream>) -> Result<u64, CudaError> {
         self.check_stream(stream)?;
         let id = stream_id(stream);
-        Ok(self.inner.with_core(|core| {
-            core.backend_mut().retain_stream(stream);
-            core.malloc(bytes, id)
-        })?)
+        // The backend keeps every allocation stream alive. Retaining takes the core's lock, so
+        // each thread remembers the last (allocator, generation, stream) it retained and skips
+        // the lock when nothing changed: the allocation itself then goes through the front
+        // end's fast path (the thread caches of rule 17), as frees already do.
+        let generation = self.shared.stream_generation.load(Ordering::Acquire);
+        let key = (self.shared.id, generation, id.0);
+        if LAST_RETAINED.with(|last| last.get()) != key {
+            self.inner
+                .with_core(|core| core.backend_mut().retain_stream(stream));
+            LAST_RETAINED.with(|last| last.set(key));
+        }
+        Ok(self.inner.malloc(bytes, id)?)
     }
 
     /// Allocates `bytes` bytes for use on `stream`, as a block that returns to the cache when
@@ -382,7 +406,7 @@ impl CudaAllocator {
         })
     }
 
-    fn raw_set(&self) -> std::sync::MutexGuard<'_, FxHashSet<u64>> {
+    fn raw_set(&self) -> MutexGuard<'_, FxHashSet<u64>> {
         self.shared
             .raw
             .lock()
@@ -456,6 +480,7 @@ impl CudaAllocator {
         Ok(self.inner.with_core(|core| {
             core.empty_cache()?;
             let segments = core.segments();
+            self.shared.stream_generation.fetch_add(1, Ordering::AcqRel);
             core.backend_mut().prune_streams(&segments);
             Ok::<(), Error>(())
         })?)
