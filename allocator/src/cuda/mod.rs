@@ -432,19 +432,19 @@ impl CudaAllocator {
     ) -> Result<(), CudaError> {
         self.check_stream(stream)?;
         let id = stream_id(stream);
-        Ok(self.inner.with_core(|core| {
-            core.backend_mut().retain_stream(stream);
-            core.record_stream(address, id)
-        })?)
+        self.inner
+            .with_core(|core| core.backend_mut().retain_stream(stream));
+        // Through the front end, so a block used on another stream is never kept in a
+        // thread cache (rule 17).
+        Ok(self.inner.record_stream(address, id)?)
     }
 
     /// Records a use seen through `device_ptr`, where only `&CudaStream` is known.
     pub(crate) fn record_use(&self, address: u64, stream: &CudaStream) -> Result<(), CudaError> {
         let id = stream_id(stream);
-        Ok(self.inner.with_core(|core| {
-            core.backend_mut().note_stream(stream);
-            core.record_stream(address, id)
-        })?)
+        self.inner
+            .with_core(|core| core.backend_mut().note_stream(stream));
+        Ok(self.inner.record_stream(address, id)?)
     }
 
     /// Whether uses on other streams are recorded automatically (on by default).
@@ -477,13 +477,14 @@ impl CudaAllocator {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn empty_cache(&self) -> Result<(), CudaError> {
-        Ok(self.inner.with_core(|core| {
-            core.empty_cache()?;
+        // Through the front end: it flushes every thread cache before releasing segments.
+        self.inner.empty_cache()?;
+        self.inner.with_core(|core| {
             let segments = core.segments();
             self.shared.stream_generation.fetch_add(1, Ordering::AcqRel);
             core.backend_mut().prune_streams(&segments);
-            Ok::<(), Error>(())
-        })?)
+        });
+        Ok(())
     }
 
     /// Caps the memory this allocator reserves at `fraction` (in \[0, 1\]) of the device's
