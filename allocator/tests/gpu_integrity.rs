@@ -193,6 +193,14 @@ fn raw_pointers_free_once_and_bad_frees_are_errors() {
     alloc.free_raw(q).unwrap();
     alloc.free_raw(0).unwrap(); // the null address: nothing to do
     assert_eq!(alloc.malloc_raw(0, &stream).unwrap(), 0);
+    // With cachalot's defaults this thread's cache keeps the freed blocks (rule 17): they
+    // still count as allocated until flushed.
+    assert_eq!(
+        alloc.stats().allocation.all.current as usize,
+        alloc.thread_cached_blocks()
+    );
+    alloc.flush_thread_cache();
+    assert_eq!(alloc.thread_cached_blocks(), 0);
     assert_eq!(alloc.stats().allocation.all.current, 0);
     alloc.check_invariants().unwrap();
 }
@@ -244,6 +252,7 @@ fn the_summary_and_settings_read_like_pytorchs() {
     assert!(text.contains("|       from large pool |   3072 KiB |"));
     assert!(text.contains("| GPU reserved memory   |  22528 KiB |"));
     drop((a, b));
+    alloc.flush_thread_cache();
     let segments = alloc.segments();
     assert_eq!(segments.len(), 2);
     assert!(

@@ -494,7 +494,24 @@ impl CudaAllocator {
         Ok(self.inner.set_memory_fraction(fraction)?)
     }
 
-    /// A copy of the statistics (PyTorch's `memory_stats()`).
+    /// Returns the blocks the calling thread's cache keeps to the shared pool (rule 17 of
+    /// ARCHITECTURE.md: with cachalot's defaults each thread keeps up to
+    /// `thread_cache_blocks` just-freed blocks for its next requests of the same size and
+    /// stream; `Settings::pytorch()` keeps none). A thread's cache is also flushed when the
+    /// thread exits, by [`CudaAllocator::empty_cache`], and before an out-of-memory error.
+    pub fn flush_thread_cache(&self) {
+        self.inner.flush_thread_cache()
+    }
+
+    /// How many freed blocks the calling thread's cache keeps. Kept blocks still count as
+    /// allocated in [`CudaAllocator::stats`] until they are flushed or reused.
+    pub fn thread_cached_blocks(&self) -> usize {
+        self.inner.thread_cached_blocks()
+    }
+
+    /// A copy of the statistics (PyTorch's `memory_stats()`). With thread caches on
+    /// (cachalot's defaults), blocks kept in them count as allocated: call
+    /// [`CudaAllocator::flush_thread_cache`] first for the program's own figure.
     pub fn stats(&self) -> Stats {
         self.inner.stats()
     }
