@@ -2,37 +2,18 @@
 //! written as a PyTorch snapshot, read back and replayed on the simulated device with its own
 //! segment addresses, reproduce the replay that wrote them — on every committed trace.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use cachalot::Settings;
 use cachalot_tools::export::{segment_states, snapshot_of};
 use cachalot_tools::replay::{ReplayConfig, replay};
 use cachalot_tools::snapshot::{
-    Figures, ReplayOptions, parse_snapshot, read_figures, read_snapshot, replay_ops_with,
-    write_snapshot,
+    ReplayOptions, parse_snapshot, read_figures, read_snapshot, replay_ops_with, write_snapshot,
 };
 
-fn fixtures() -> PathBuf {
-    let local = Path::new("tests/fixtures/traces");
-    if local.is_dir() {
-        local.to_path_buf()
-    } else {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/traces")
-    }
-}
-
-fn config_for(figures: &Figures) -> ReplayConfig {
-    let mut settings = Settings::pytorch();
-    if let Some(conf) = &figures.pytorch_cuda_alloc_conf {
-        settings = settings.apply(conf).unwrap();
-    }
-    settings.per_process_memory_fraction = figures.memory_fraction;
-    ReplayConfig {
-        settings,
-        capacity: figures.device_total_memory,
-        ..ReplayConfig::pytorch()
-    }
-}
+mod common;
+use common::recorded_config as config_for;
+use common::traces as fixtures;
 
 #[test]
 fn every_fixture_replays_from_its_cachalot_snapshot_to_the_same_peak_and_layout() {

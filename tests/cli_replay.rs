@@ -2,7 +2,7 @@
 //! (JSON and human reports, PyTorch's figures beside cachalot's, plots, snapshots) and its
 //! answers to bad input (exit code 2, a message naming the file or the key, never a panic).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use cachalot::Settings;
@@ -10,14 +10,8 @@ use cachalot_tools::export::segment_states;
 use cachalot_tools::replay::{ReplayConfig, replay};
 use cachalot_tools::snapshot::{ReplayOptions, read_snapshot, replay_ops_with};
 
-fn fixtures() -> PathBuf {
-    let local = Path::new("tests/fixtures/traces");
-    if local.is_dir() {
-        local.to_path_buf()
-    } else {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/traces")
-    }
-}
+mod common;
+use common::traces as fixtures;
 
 fn fixture(name: &str) -> PathBuf {
     fixtures().join(format!("{name}.pickle"))

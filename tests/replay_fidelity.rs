@@ -1,33 +1,12 @@
 //! Byte-exact fidelity: every committed PyTorch trace, replayed through cachalot's allocator on
 //! the simulated device with the settings it was recorded with, gives PyTorch's own figures.
 
-use std::path::{Path, PathBuf};
+use cachalot_tools::replay::replay;
+use cachalot_tools::snapshot::{read_figures, read_snapshot, replay_ops};
 
-use cachalot::Settings;
-use cachalot_tools::replay::{ReplayConfig, replay};
-use cachalot_tools::snapshot::{Figures, read_figures, read_snapshot, replay_ops};
-
-fn fixtures() -> PathBuf {
-    let local = Path::new("tests/fixtures/traces");
-    if local.is_dir() {
-        local.to_path_buf()
-    } else {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/traces")
-    }
-}
-
-fn config_for(figures: &Figures) -> ReplayConfig {
-    let mut settings = Settings::pytorch();
-    if let Some(conf) = &figures.pytorch_cuda_alloc_conf {
-        settings = settings.apply(conf).expect("recorded settings parse");
-    }
-    settings.per_process_memory_fraction = figures.memory_fraction;
-    ReplayConfig {
-        settings,
-        capacity: figures.device_total_memory,
-        ..ReplayConfig::pytorch()
-    }
-}
+mod common;
+use common::recorded_config as config_for;
+use common::traces as fixtures;
 
 #[test]
 fn every_fixture_replays_to_pytorchs_own_figures() {

@@ -10,14 +10,8 @@ use cachalot_tools::snapshot::{
 };
 use serde_pickle::{HashableValue as H, Value as V};
 
-fn fixtures() -> PathBuf {
-    let rel = Path::new("tests/fixtures");
-    if rel.is_dir() {
-        rel.to_path_buf()
-    } else {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
-    }
-}
+mod common;
+use common::fixtures_root as fixtures;
 
 fn fixture_bytes(name: &str) -> Vec<u8> {
     std::fs::read(fixtures().join("traces").join(name)).unwrap()

@@ -3,23 +3,15 @@
 //! program.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use cachalot_tools::snapshot::{
     Action, BlockStatus, Figures, ReplayOp, ReplayOptions, Snapshot, read_figures, read_snapshot,
     replay_ops, replay_ops_with,
 };
 
-/// tests/fixtures, found from the current directory (cargo runs tests from the package root)
-/// or, failing that, from the manifest directory this test was built in.
-fn fixtures() -> PathBuf {
-    let rel = Path::new("tests/fixtures");
-    if rel.is_dir() {
-        rel.to_path_buf()
-    } else {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
-    }
-}
+mod common;
+use common::fixtures_root as fixtures;
 
 struct Recorded {
     name: String,

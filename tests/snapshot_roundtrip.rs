@@ -6,21 +6,15 @@
 //! `scripts/check_memory_viz.sh` on a machine with PyTorch.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use cachalot_tools::snapshot::{
     Action, AllocatorSettings, BlockState, BlockStatus, DeviceTrace, SegmentState, SegmentType,
     Snapshot, TraceEntry, parse_snapshot, read_snapshot, write_snapshot,
 };
 
-fn fixtures() -> PathBuf {
-    let rel = Path::new("tests/fixtures");
-    if rel.is_dir() {
-        rel.to_path_buf()
-    } else {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
-    }
-}
+mod common;
+use common::fixtures_root as fixtures;
 
 fn write(s: &Snapshot) -> Vec<u8> {
     let mut out = Vec::new();
