@@ -506,3 +506,14 @@ fn tempdir() -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+#[test]
+fn a_nan_garbage_collection_threshold_is_absurd_input() {
+    // The fuzzer's finding: a snapshot whose allocator_settings hold a NaN threshold.
+    let path = fixtures().join("../../fuzz/regressions/snapshot_reader/nan_gc_threshold");
+    let bytes = std::fs::read(&path).unwrap();
+    let err = cachalot_tools::snapshot::parse_snapshot(&bytes)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("garbage_collection_threshold"), "{err}");
+}

@@ -498,10 +498,19 @@ impl Validator<'_> {
             divisions.push((k, v));
         }
         divisions.sort_unstable();
+        let garbage_collection_threshold = s.garbage_collection_threshold.unwrap_or(0.0);
+        // PyTorch accepts only 0 (off) or a value in (0, 1); anything else (a NaN included) is
+        // not a snapshot PyTorch wrote.
+        if !(0.0..1.0).contains(&garbage_collection_threshold) {
+            return Err(self.absurd(
+                "allocator_settings.garbage_collection_threshold",
+                format!("{garbage_collection_threshold} is not in [0, 1)"),
+            ));
+        }
         Ok(AllocatorSettings {
             alloc_conf: s.alloc_conf.unwrap_or_default(),
             max_split_size,
-            garbage_collection_threshold: s.garbage_collection_threshold.unwrap_or(0.0),
+            garbage_collection_threshold,
             expandable_segments: s.expandable_segments.unwrap_or(false),
             roundup_power2_divisions: divisions.into_iter().map(|(_, v)| v).collect(),
         })
