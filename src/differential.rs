@@ -244,14 +244,7 @@ impl Differential {
                 (Outcome::Ok(0), Outcome::Ok(0))
             }
             Op::FreeForeign { address } => {
-                let mut addr = if address % 2 == 0 && !self.freed.is_empty() {
-                    self.freed[(address / 2) as usize % self.freed.len()]
-                } else {
-                    address
-                };
-                if addr == 0 || self.live.contains(&addr) {
-                    addr |= 1;
-                }
+                let addr = foreign_address(address, &self.freed, |a| self.live.contains(&a));
                 (
                     from_alloc(self.alloc.free(addr), |_| 0),
                     from_model(self.model.free(addr), |_| 0),
@@ -270,22 +263,7 @@ impl Differential {
 
     /// Compares statistics, layout, device memory and both invariant checks.
     pub fn compare(&self) -> Result<(), String> {
-        // Fast path (serialising to JSON took most of a fuzz run's time): equal flattened
-        // (field, number) lists mean equal JSON; otherwise JSON, field by field, decides.
-        let fast = flat::numbers(self.alloc.stats())
-            .is_some_and(|a| Some(a) == flat::numbers(&self.model.stats()));
-        if !fast {
-            let sa = serde_json::to_value(self.alloc.stats()).map_err(|e| e.to_string())?;
-            let sm = serde_json::to_value(self.model.stats()).map_err(|e| e.to_string())?;
-            if sa != sm {
-                let mut diffs = Vec::new();
-                diff_json("", &sa, &sm, &mut diffs);
-                return Err(format!(
-                    "statistics differ (allocator vs model): {}",
-                    diffs.join("; ")
-                ));
-            }
-        }
+        compare_stats(self.alloc.stats(), &self.model.stats())?;
         let (la, lm) = (allocator_layout(&self.alloc), model_layout(&self.model));
         if la != lm {
             return Err(format!(
@@ -307,6 +285,40 @@ impl Differential {
             .map_err(|e| format!("model invariant: {e}"))?;
         Ok(())
     }
+}
+
+/// Compares every statistic of the two sides; the error lists the fields that differ.
+pub fn compare_stats(alloc: &cachalot::Stats, model: &cachalot_model::Stats) -> Result<(), String> {
+    // Fast path (serialising to JSON took most of a fuzz run's time): equal flattened
+    // (field, number) lists mean equal JSON; otherwise JSON, field by field, decides.
+    if flat::numbers(alloc).is_some_and(|a| Some(a) == flat::numbers(model)) {
+        return Ok(());
+    }
+    let sa = serde_json::to_value(alloc).map_err(|e| e.to_string())?;
+    let sm = serde_json::to_value(model).map_err(|e| e.to_string())?;
+    if sa != sm {
+        let mut diffs = Vec::new();
+        diff_json("", &sa, &sm, &mut diffs);
+        return Err(format!(
+            "statistics differ (allocator vs model): {}",
+            diffs.join("; ")
+        ));
+    }
+    Ok(())
+}
+
+/// The address a `FreeForeign` op frees: one freed earlier (a double free) or `address`
+/// itself, made odd (never a block address) when it is 0 or still live.
+pub fn foreign_address(address: u64, freed: &[u64], is_live: impl Fn(u64) -> bool) -> u64 {
+    let mut addr = if address.is_multiple_of(2) && !freed.is_empty() {
+        freed[(address / 2) as usize % freed.len()]
+    } else {
+        address
+    };
+    if addr == 0 || is_live(addr) {
+        addr |= 1;
+    }
+    addr
 }
 
 fn diff_json(path: &str, a: &serde_json::Value, b: &serde_json::Value, out: &mut Vec<String>) {

@@ -14,7 +14,9 @@ use cachalot::{Allocator, SimDevice, StreamId};
 use cachalot_model::Model;
 use proptest::prelude::*;
 
-use crate::differential::{Outcome, allocator_layout, from_alloc, from_model, model_layout};
+use crate::differential::{
+    Outcome, allocator_layout, compare_stats, foreign_address, from_alloc, from_model, model_layout,
+};
 use crate::op::{Op, STREAMS, op_strategy};
 use crate::scenario::{Knobs, knobs_strategy};
 
@@ -266,14 +268,9 @@ impl ThreadedDifferential {
             Op::FreeForeign { address } => {
                 // A freed address (possibly kept in a thread cache: freeing it again is a double
                 // free) or an arbitrary one; never a live one.
-                let mut addr = if address % 2 == 0 && !self.freed.is_empty() {
-                    self.freed[(address / 2) as usize % self.freed.len()]
-                } else {
-                    address
-                };
-                if addr == 0 || self.live.iter().any(|&(a, _)| a == addr) {
-                    addr |= 1;
-                }
+                let addr = foreign_address(address, &self.freed, |x| {
+                    self.live.iter().any(|&(a, _)| a == x)
+                });
                 (
                     from_alloc(w.run(move |a| a.free(addr)), |_| 0),
                     from_model(self.model.free_on(thread, addr), |_| 0),
@@ -290,13 +287,7 @@ impl ThreadedDifferential {
     /// Compares statistics, layout, device memory, thread-cache sizes and both invariant
     /// checks (the front end's covers the thread caches).
     pub fn compare(&self) -> Result<(), String> {
-        let sa = serde_json::to_value(self.alloc.stats()).map_err(|e| e.to_string())?;
-        let sm = serde_json::to_value(self.model.stats()).map_err(|e| e.to_string())?;
-        if sa != sm {
-            return Err(format!(
-                "statistics differ:\n allocator {sa}\n model     {sm}"
-            ));
-        }
+        compare_stats(&self.alloc.stats(), &self.model.stats())?;
         let la = self.alloc.with_core(|c| allocator_layout(c));
         let lm = model_layout(&self.model);
         if la != lm {
