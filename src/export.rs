@@ -23,6 +23,7 @@ use cachalot::sizes::Pool;
 use cachalot::{BlockState, SegmentInfo, Settings, TraceAction, TraceEvent};
 
 use crate::snapshot::{
+    FrameTable, StackId,
     Action, AllocatorSettings, BlockState as SnapBlock, BlockStatus, DeviceTrace, SegmentState,
     SegmentType, Snapshot, TraceEntry,
 };
@@ -55,6 +56,7 @@ pub fn snapshot_of(
         segments: segment_states(segments, device),
         traces,
         allocator_settings: Some(allocator_settings(settings)),
+        frames: FrameTable::default(),
     }
 }
 
@@ -77,6 +79,7 @@ pub fn segment_states(segments: &[SegmentInfo], device: usize) -> Vec<SegmentSta
                         b.requested
                     },
                     state: block_status(b.state),
+                    stack: StackId::EMPTY,
                 })
                 .collect();
             let sum = |keep: &dyn Fn(&SnapBlock) -> bool, f: &dyn Fn(&SnapBlock) -> u64| {
@@ -98,6 +101,7 @@ pub fn segment_states(segments: &[SegmentInfo], device: usize) -> Vec<SegmentSta
                 },
                 is_expandable: false,
                 blocks,
+                stack: StackId::EMPTY,
             }
         })
         .collect()
@@ -130,6 +134,7 @@ pub fn trace_entries(history: &[TraceEvent]) -> Vec<TraceEntry> {
             size: e.size,
             stream: e.stream.0,
             time_us: i64::try_from(i).unwrap_or(i64::MAX),
+            stack: StackId::EMPTY,
         })
         .collect()
 }

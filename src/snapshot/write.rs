@@ -1,175 +1,383 @@
-//! Writing snapshots in PyTorch's format.
+//! Writing snapshots in PyTorch's format, with a small pickle writer of this crate's own.
 
-use std::io::Write;
+use std::collections::HashMap;
+use std::io::{self, Write};
 
-use serde::Serialize;
-use serde::ser::{SerializeMap, SerializeSeq, Serializer};
-
-use super::{Action, Snapshot, SnapshotError};
+use super::{
+    Action, AllocatorSettings, BlockState, DeviceTrace, FrameTable, SegmentState, Snapshot,
+    SnapshotError, StackId, TraceEntry,
+};
 
 /// Writes `snapshot` as a pickle in the format of `torch.cuda.memory._dump_snapshot()`, so that
 /// PyTorch's tools (`python -m torch.cuda._memory_viz stats|trace|segments|memory FILE`, the
 /// memory viewer at pytorch.org/memory_viz) and [`read_snapshot`](super::read_snapshot) read it.
 ///
-/// The pickle is protocol 3 (what `serde-pickle` writes; every Python 3 reads it). It holds:
+/// The pickle is protocol 4 (Python 3.4+), without framing. Like PyTorch's pickler, it
+/// memoises what repeats (`MEMOIZE`, then `BINGET`/`LONG_BINGET`): every string (dict keys,
+/// action names, frame names and file names), every frame dict and every non-empty frames
+/// list, so a stack shared by many entries is written once. It holds:
 ///
 /// - `segments`: per segment `device`, `address`, `total_size`, `allocated_size`,
 ///   `active_size`, `requested_size`, `stream`, `segment_type`, `segment_pool_id` (always
-///   `(0, 0)`: private pools are not modelled), `is_expandable`, `frames` (empty) and `blocks`,
-///   each block with `address`, `size`, `requested_size`, `state` and `frames` (empty).
+///   `(0, 0)`: private pools are not modelled), `is_expandable`, `frames` and `blocks`, each
+///   block with `address`, `size`, `requested_size`, `state` and `frames`.
 ///   `_memory_viz stats` asserts that the blocks of a segment add up to its `total_size`.
 /// - `device_traces`: per device a list of entries with `action`, `addr` (or `device_free` for
-///   `oom`), `size`, `stream`, `time_us` and `frames` (empty).
+///   `oom`), `size`, `stream`, `time_us` and `frames`.
 /// - `allocator_settings`, when the snapshot has them: `PYTORCH_CUDA_ALLOC_CONF`,
 ///   `max_split_size` (-1 when unlimited), `garbage_collection_threshold`,
 ///   `expandable_segments` and `roundup_power2_divisions` (keys `"1"`, `"2"`, `"4"`, …).
 ///
-/// Stack frames, `compile_context`, `user_metadata` and other keys PyTorch may add are not
-/// written. Reading the result back gives a snapshot equal to `snapshot`.
-pub fn write_snapshot(snapshot: &Snapshot, mut w: impl Write) -> Result<(), SnapshotError> {
-    let options = serde_pickle::SerOptions::new();
-    serde_pickle::to_writer(&mut w, &Out(snapshot), options).map_err(|e| SnapshotError::Write {
-        reason: e.to_string(),
-    })?;
-    w.flush().map_err(|e| SnapshotError::Write {
+/// `frames` lists hold `{'name', 'filename', 'line'}` dicts from [`Snapshot::frames`];
+/// `compile_context`, `user_metadata` and other keys PyTorch may add are not written. Reading
+/// the result back gives a snapshot equal to `snapshot` when its stacks and frames are numbered
+/// in the order the snapshot first uses them (segments, their blocks, then the traces), which
+/// is how the reader numbers them.
+///
+/// Fails with [`SnapshotError::Write`] when writing fails or when a [`StackId`] is not one of
+/// the snapshot's stacks.
+pub fn write_snapshot(snapshot: &Snapshot, w: impl Write) -> Result<(), SnapshotError> {
+    let mut p = Pickler {
+        out: io::BufWriter::with_capacity(64 << 10, w),
+        table: &snapshot.frames,
+        next_memo: 0,
+        strings: HashMap::new(),
+        frame_memo: vec![None; snapshot.frames.num_frames()],
+        stack_memo: vec![None; snapshot.frames.num_stacks()],
+    };
+    let result = p.snapshot(snapshot).and_then(|()| p.out.flush());
+    result.map_err(|e| SnapshotError::Write {
         reason: e.to_string(),
     })
 }
 
-/// An empty list (PyTorch's `frames` when no stacks were recorded).
-struct EmptyList;
+// Opcodes written.
+const PROTO: u8 = 0x80;
+const STOP: u8 = b'.';
+const MARK: u8 = b'(';
+const EMPTY_DICT: u8 = b'}';
+const EMPTY_LIST: u8 = b']';
+const SETITEMS: u8 = b'u';
+const APPENDS: u8 = b'e';
+const BININT1: u8 = b'K';
+const BININT2: u8 = b'M';
+const BININT: u8 = b'J';
+const LONG1: u8 = 0x8a;
+const BINFLOAT: u8 = b'G';
+const NEWTRUE: u8 = 0x88;
+const NEWFALSE: u8 = 0x89;
+const SHORT_BINUNICODE: u8 = 0x8c;
+const BINUNICODE: u8 = b'X';
+const BINUNICODE8: u8 = 0x8d;
+const TUPLE2: u8 = 0x86;
+const MEMOIZE: u8 = 0x94;
+const BINGET: u8 = b'h';
+const LONG_BINGET: u8 = b'j';
 
-impl Serialize for EmptyList {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_seq(Some(0))?.end()
-    }
+/// Items per `MARK … APPENDS` batch (what Python's pickler uses).
+const BATCH: usize = 1000;
+
+struct Pickler<'s, W: Write> {
+    out: io::BufWriter<W>,
+    table: &'s FrameTable,
+    /// The memo index the next `MEMOIZE` gives.
+    next_memo: u32,
+    strings: HashMap<&'s str, u32>,
+    frame_memo: Vec<Option<u32>>,
+    stack_memo: Vec<Option<u32>>,
 }
 
-/// A list of the items of a slice, each written through a wrapper.
-struct Seq<'a, T, F>(&'a [T], F);
-
-impl<'a, T, U: Serialize, F: Fn(&'a T) -> U> Serialize for Seq<'a, T, F> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.0.iter().map(&self.1))
-    }
+fn invalid(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, msg)
 }
 
-struct Out<'a>(&'a Snapshot);
+impl<'s, W: Write> Pickler<'s, W> {
+    fn op(&mut self, op: u8) -> io::Result<()> {
+        self.out.write_all(&[op])
+    }
 
-impl Serialize for Out<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let snap = self.0;
-        let mut map = s.serialize_map(None)?;
-        map.serialize_entry("segments", &Seq(&snap.segments, OutSegment))?;
-        map.serialize_entry("device_traces", &Seq(&snap.traces, OutTrace))?;
-        if let Some(settings) = &snap.allocator_settings {
-            map.serialize_entry("allocator_settings", &OutSettings(settings))?;
+    fn memoize(&mut self) -> io::Result<u32> {
+        self.op(MEMOIZE)?;
+        let idx = self.next_memo;
+        self.next_memo = self
+            .next_memo
+            .checked_add(1)
+            .ok_or_else(|| invalid("more than 2^32 memoised values".into()))?;
+        Ok(idx)
+    }
+
+    fn get(&mut self, idx: u32) -> io::Result<()> {
+        if idx < 256 {
+            self.out.write_all(&[BINGET, idx as u8])
+        } else {
+            self.op(LONG_BINGET)?;
+            self.out.write_all(&idx.to_le_bytes())
         }
-        map.end()
     }
-}
 
-struct OutSegment<'a>(&'a super::SegmentState);
-
-impl Serialize for OutSegment<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let seg = self.0;
-        let mut map = s.serialize_map(None)?;
-        map.serialize_entry("device", &seg.device)?;
-        map.serialize_entry("address", &seg.address)?;
-        map.serialize_entry("total_size", &seg.total_size)?;
-        map.serialize_entry("allocated_size", &seg.allocated_size)?;
-        map.serialize_entry("active_size", &seg.active_size)?;
-        map.serialize_entry("requested_size", &seg.requested_size)?;
-        map.serialize_entry("stream", &seg.stream)?;
-        map.serialize_entry("segment_type", seg.segment_type.as_str())?;
-        map.serialize_entry("segment_pool_id", &(0i64, 0i64))?;
-        map.serialize_entry("is_expandable", &seg.is_expandable)?;
-        map.serialize_entry("frames", &EmptyList)?;
-        map.serialize_entry("blocks", &Seq(&seg.blocks, OutBlock))?;
-        map.end()
+    fn str(&mut self, s: &'s str) -> io::Result<()> {
+        if let Some(&idx) = self.strings.get(s) {
+            return self.get(idx);
+        }
+        let n = s.len();
+        if n < 256 {
+            self.out.write_all(&[SHORT_BINUNICODE, n as u8])?;
+        } else if let Ok(n) = u32::try_from(n) {
+            self.op(BINUNICODE)?;
+            self.out.write_all(&n.to_le_bytes())?;
+        } else {
+            self.op(BINUNICODE8)?;
+            self.out.write_all(&(n as u64).to_le_bytes())?;
+        }
+        self.out.write_all(s.as_bytes())?;
+        let idx = self.memoize()?;
+        self.strings.insert(s, idx);
+        Ok(())
     }
-}
 
-struct OutBlock<'a>(&'a super::BlockState);
-
-impl Serialize for OutBlock<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let b = self.0;
-        let mut map = s.serialize_map(None)?;
-        map.serialize_entry("address", &b.address)?;
-        map.serialize_entry("size", &b.size)?;
-        map.serialize_entry("requested_size", &b.requested_size)?;
-        map.serialize_entry("state", b.state.as_str())?;
-        map.serialize_entry("frames", &EmptyList)?;
-        map.end()
+    fn int(&mut self, v: i64) -> io::Result<()> {
+        if (0..256).contains(&v) {
+            self.out.write_all(&[BININT1, v as u8])
+        } else if (0..65536).contains(&v) {
+            self.op(BININT2)?;
+            self.out.write_all(&(v as u16).to_le_bytes())
+        } else if let Ok(v) = i32::try_from(v) {
+            self.op(BININT)?;
+            self.out.write_all(&v.to_le_bytes())
+        } else {
+            self.long(v as i128)
+        }
     }
-}
 
-struct OutTrace<'a>(&'a super::DeviceTrace);
-
-impl Serialize for OutTrace<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.0.entries.iter().map(OutEntry))
+    fn uint(&mut self, v: u64) -> io::Result<()> {
+        match i64::try_from(v) {
+            Ok(v) => self.int(v),
+            Err(_) => self.long(v as i128),
+        }
     }
-}
 
-struct OutEntry<'a>(&'a super::TraceEntry);
+    /// `LONG1` with the fewest two's-complement bytes that hold `v`.
+    fn long(&mut self, v: i128) -> io::Result<()> {
+        let bytes = v.to_le_bytes();
+        let mut n = 16;
+        while n > 1 {
+            let top = bytes[n - 1];
+            let next_sign = bytes[n - 2] & 0x80;
+            if (top == 0 && next_sign == 0) || (top == 0xff && next_sign != 0) {
+                n -= 1;
+            } else {
+                break;
+            }
+        }
+        self.out.write_all(&[LONG1, n as u8])?;
+        self.out.write_all(&bytes[..n])
+    }
 
-impl Serialize for OutEntry<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let e = self.0;
-        let mut map = s.serialize_map(None)?;
-        map.serialize_entry("action", e.action.name())?;
-        let addr_key = if e.action == Action::Oom {
+    fn bool(&mut self, b: bool) -> io::Result<()> {
+        self.op(if b { NEWTRUE } else { NEWFALSE })
+    }
+
+    fn key(&mut self, k: &'s str) -> io::Result<()> {
+        self.str(k)
+    }
+
+    /// A `frames` list: empty, or the stack's memoised list.
+    fn stack(&mut self, id: StackId) -> io::Result<()> {
+        if !self.table.contains(id) {
+            return Err(invalid(format!(
+                "stack {} is not in the snapshot's frame table of {} stacks",
+                id.0,
+                self.table.num_stacks()
+            )));
+        }
+        if let Some(idx) = self.stack_memo[id.0 as usize] {
+            return self.get(idx);
+        }
+        self.op(EMPTY_LIST)?;
+        let ids = self.table.stack_frame_ids(id);
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let list_idx = self.memoize()?;
+        let table = self.table;
+        for batch in ids.chunks(BATCH) {
+            self.op(MARK)?;
+            for &f in batch {
+                match self.frame_memo[f.0 as usize] {
+                    Some(idx) => self.get(idx)?,
+                    None => {
+                        let frame = table
+                            .frame(f)
+                            .ok_or_else(|| invalid(format!("frame {} is not in the table", f.0)))?;
+                        self.op(EMPTY_DICT)?;
+                        let idx = self.memoize()?;
+                        self.op(MARK)?;
+                        self.key("name")?;
+                        self.str(&frame.name)?;
+                        self.key("filename")?;
+                        self.str(&frame.filename)?;
+                        self.key("line")?;
+                        self.uint(frame.line)?;
+                        self.op(SETITEMS)?;
+                        self.frame_memo[f.0 as usize] = Some(idx);
+                    }
+                }
+            }
+            self.op(APPENDS)?;
+        }
+        self.stack_memo[id.0 as usize] = Some(list_idx);
+        Ok(())
+    }
+
+    /// A list of `items`, each written by `item`.
+    fn list<T>(
+        &mut self,
+        items: &'s [T],
+        mut item: impl FnMut(&mut Self, &'s T) -> io::Result<()>,
+    ) -> io::Result<()> {
+        self.op(EMPTY_LIST)?;
+        for batch in items.chunks(BATCH) {
+            self.op(MARK)?;
+            for x in batch {
+                item(self, x)?;
+            }
+            self.op(APPENDS)?;
+        }
+        Ok(())
+    }
+
+    fn snapshot(&mut self, snap: &'s Snapshot) -> io::Result<()> {
+        self.out.write_all(&[PROTO, 4])?;
+        self.op(EMPTY_DICT)?;
+        self.op(MARK)?;
+        self.key("segments")?;
+        self.list(&snap.segments, Self::segment)?;
+        self.key("device_traces")?;
+        self.list(&snap.traces, Self::trace)?;
+        if let Some(settings) = &snap.allocator_settings {
+            self.key("allocator_settings")?;
+            self.settings(settings)?;
+        }
+        self.op(SETITEMS)?;
+        self.op(STOP)
+    }
+
+    fn segment(&mut self, seg: &'s SegmentState) -> io::Result<()> {
+        self.op(EMPTY_DICT)?;
+        self.op(MARK)?;
+        self.key("device")?;
+        self.uint(seg.device as u64)?;
+        self.key("address")?;
+        self.uint(seg.address)?;
+        self.key("total_size")?;
+        self.uint(seg.total_size)?;
+        self.key("allocated_size")?;
+        self.uint(seg.allocated_size)?;
+        self.key("active_size")?;
+        self.uint(seg.active_size)?;
+        self.key("requested_size")?;
+        self.uint(seg.requested_size)?;
+        self.key("stream")?;
+        self.uint(seg.stream)?;
+        self.key("segment_type")?;
+        self.str(seg.segment_type.as_str())?;
+        self.key("segment_pool_id")?;
+        self.int(0)?;
+        self.int(0)?;
+        self.op(TUPLE2)?;
+        self.key("is_expandable")?;
+        self.bool(seg.is_expandable)?;
+        self.key("frames")?;
+        self.stack(seg.stack)?;
+        self.key("blocks")?;
+        self.list(&seg.blocks, Self::block)?;
+        self.op(SETITEMS)
+    }
+
+    fn block(&mut self, b: &'s BlockState) -> io::Result<()> {
+        self.op(EMPTY_DICT)?;
+        self.op(MARK)?;
+        self.key("address")?;
+        self.uint(b.address)?;
+        self.key("size")?;
+        self.uint(b.size)?;
+        self.key("requested_size")?;
+        self.uint(b.requested_size)?;
+        self.key("state")?;
+        self.str(b.state.as_str())?;
+        self.key("frames")?;
+        self.stack(b.stack)?;
+        self.op(SETITEMS)
+    }
+
+    fn trace(&mut self, t: &'s DeviceTrace) -> io::Result<()> {
+        self.list(&t.entries, Self::entry)
+    }
+
+    fn entry(&mut self, e: &'s TraceEntry) -> io::Result<()> {
+        self.op(EMPTY_DICT)?;
+        self.op(MARK)?;
+        self.key("action")?;
+        self.str(e.action.name())?;
+        self.key(if e.action == Action::Oom {
             "device_free"
         } else {
             "addr"
-        };
-        map.serialize_entry(addr_key, &e.addr)?;
-        map.serialize_entry("size", &e.size)?;
-        map.serialize_entry("stream", &e.stream)?;
-        map.serialize_entry("time_us", &e.time_us)?;
-        map.serialize_entry("frames", &EmptyList)?;
-        map.end()
+        })?;
+        self.uint(e.addr)?;
+        self.key("size")?;
+        self.uint(e.size)?;
+        self.key("stream")?;
+        self.uint(e.stream)?;
+        self.key("time_us")?;
+        self.int(e.time_us)?;
+        self.key("frames")?;
+        self.stack(e.stack)?;
+        self.op(SETITEMS)
     }
-}
 
-struct OutSettings<'a>(&'a super::AllocatorSettings);
-
-impl Serialize for OutSettings<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let st = self.0;
-        let mut map = s.serialize_map(None)?;
-        map.serialize_entry("PYTORCH_CUDA_ALLOC_CONF", &st.alloc_conf)?;
-        let max_split: i64 = match st.max_split_size {
-            Some(v) => i64::try_from(v).unwrap_or(i64::MAX),
-            None => -1,
-        };
-        map.serialize_entry("max_split_size", &max_split)?;
-        map.serialize_entry(
-            "garbage_collection_threshold",
-            &st.garbage_collection_threshold,
-        )?;
-        map.serialize_entry("expandable_segments", &st.expandable_segments)?;
-        map.serialize_entry(
-            "roundup_power2_divisions",
-            &Divisions(&st.roundup_power2_divisions),
-        )?;
-        map.end()
-    }
-}
-
-struct Divisions<'a>(&'a [u64]);
-
-impl Serialize for Divisions<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut map = s.serialize_map(Some(self.0.len()))?;
-        for (i, v) in self.0.iter().enumerate() {
-            // PyTorch's keys: "1", "2", "4", ... (the interval's lower bound in MiB)
-            let key = 1u128 << i.min(127);
-            map.serialize_entry(&key.to_string(), v)?;
+    fn settings(&mut self, st: &'s AllocatorSettings) -> io::Result<()> {
+        self.op(EMPTY_DICT)?;
+        self.op(MARK)?;
+        self.key("PYTORCH_CUDA_ALLOC_CONF")?;
+        self.str(&st.alloc_conf)?;
+        self.key("max_split_size")?;
+        match st.max_split_size {
+            Some(v) => self.uint(v)?,
+            None => self.int(-1)?,
         }
-        map.end()
+        self.key("garbage_collection_threshold")?;
+        self.op(BINFLOAT)?;
+        self.out
+            .write_all(&st.garbage_collection_threshold.to_be_bytes())?;
+        self.key("expandable_segments")?;
+        self.bool(st.expandable_segments)?;
+        self.key("roundup_power2_divisions")?;
+        self.op(EMPTY_DICT)?;
+        for batch in st.roundup_power2_divisions.chunks(BATCH).enumerate() {
+            let (b, values) = batch;
+            self.op(MARK)?;
+            for (k, &v) in values.iter().enumerate() {
+                // PyTorch's keys: "1", "2", "4", ... (the interval's lower bound in MiB)
+                let i = b * BATCH + k;
+                let key = (1u128 << i.min(127)).to_string();
+                self.str_owned(&key)?;
+                self.uint(v)?;
+            }
+            self.op(SETITEMS)?;
+        }
+        self.op(SETITEMS)
+    }
+
+    /// A string written without memoising (a key made on the fly).
+    fn str_owned(&mut self, s: &str) -> io::Result<()> {
+        let n = s.len();
+        if n < 256 {
+            self.out.write_all(&[SHORT_BINUNICODE, n as u8])?;
+        } else {
+            self.op(BINUNICODE)?;
+            self.out.write_all(&(n as u32).to_le_bytes())?;
+        }
+        self.out.write_all(s.as_bytes())
     }
 }

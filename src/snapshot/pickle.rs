@@ -1,0 +1,984 @@
+//! A streaming decoder for the part of the pickle format that memory snapshots use.
+//!
+//! It runs the pickle virtual machine over the input as it is read (in 256 KiB pieces, so the
+//! file is never held whole) and builds an *arena*: every string, list, tuple and dict is a
+//! node with a `u32` id, and a container holds [`Value`]s — small scalars inline (`None`,
+//! booleans, 64-bit integers, floats) and node ids for the rest. A memo slot holds a value too,
+//! so a memo reference (`BINGET`) costs one 16-byte value wherever it is used: the memory of a
+//! decoded pickle follows its distinct data, not the number of references to it (PyTorch's
+//! pickler memoises the frame dicts and strings that thousands of trace entries share).
+//!
+//! Two rules, never broken by Python's pickler, keep the arena a tree-shaped DAG with final
+//! node contents:
+//!
+//! - a container is *frozen* once it is put into another container (Python finishes a
+//!   container before anything refers to it); changing a frozen container is refused, which
+//!   also refuses every cycle;
+//! - a frozen list or tuple is *hash-consed*: when it is equal to one frozen before, it becomes
+//!   a forward to that one and its items are freed. A trace entry's `frames` list is a new list
+//!   object for every entry in PyTorch's output, but there are few distinct stacks, so this is
+//!   what keeps a 128,897-entry trace with 86 frames per entry to a few thousand stored stacks.
+//!
+//! Bounds: the decoder counts the values it holds (nodes, container items, memo slots, stack
+//! items and marks) against [`ReadLimits::max_values`], nesting against
+//! [`ReadLimits::max_depth`] (kept per node as items are added, so no pass recurses), and input
+//! bytes against [`ReadLimits::max_input_bytes`]; a length prefix is read in pieces as the data
+//! arrives, so a prefix claiming more than the input holds costs nothing. Decoding is one pass,
+//! linear in the input. Opcodes no snapshot contains (globals, object construction, persistent
+//! ids, extension codes, out-of-band buffers, sets, Python 2 strings) are refused.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::io::Read;
+
+use super::read::ReadLimits;
+
+/// Why decoding failed (the reader adds the file name).
+#[derive(Debug)]
+pub(crate) enum DecodeError {
+    /// Not a pickle, or one using features snapshots never use.
+    NotPickle(String),
+    /// The input ends early.
+    Truncated(String),
+    /// Over a [`ReadLimits`] bound.
+    TooLarge(String),
+    /// Reading the input failed.
+    Io(std::io::Error),
+}
+
+type Result<T> = std::result::Result<T, DecodeError>;
+
+/// A decoded value: a scalar inline, or a node of the arena.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Value {
+    None,
+    Bool(bool),
+    Int(i64),
+    /// An integer outside the 64-bit signed range (up to 32 bytes wide); no snapshot value is.
+    BigInt,
+    Float(f64),
+    Node(u32),
+}
+
+impl PartialEq for Value {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Value::None, Value::None) | (Value::BigInt, Value::BigInt) => true,
+            (Value::Bool(a), Value::Bool(b)) => a == b,
+            (Value::Int(a), Value::Int(b)) => a == b,
+            (Value::Float(a), Value::Float(b)) => a.to_bits() == b.to_bits(),
+            (Value::Node(a), Value::Node(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Value {}
+
+impl Hash for Value {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        match *self {
+            Value::None => h.write_u8(0),
+            Value::Bool(b) => h.write_u8(1 + b as u8),
+            Value::Int(i) => {
+                h.write_u8(3);
+                h.write_i64(i)
+            }
+            Value::BigInt => h.write_u8(4),
+            Value::Float(f) => {
+                h.write_u8(5);
+                h.write_u64(f.to_bits())
+            }
+            Value::Node(n) => {
+                h.write_u8(6);
+                h.write_u32(n)
+            }
+        }
+    }
+}
+
+/// A node of the arena.
+#[derive(Debug)]
+pub(crate) enum Node {
+    Str(Box<str>),
+    /// Bytes (their content is not kept: no snapshot value is bytes).
+    Bytes,
+    List(Vec<Value>),
+    Tuple(Box<[Value]>),
+    Dict(Vec<(Value, Value)>),
+    /// Hash-consed into an equal, earlier node.
+    Forward(u32),
+}
+
+#[derive(Debug)]
+struct Slot {
+    node: Node,
+    /// Nesting depth, a scalar counting 1 (an empty container 1, a list of ints 2).
+    depth: u32,
+    frozen: bool,
+}
+
+/// A decoded pickle: the arena and its root value.
+pub(crate) struct Pickle {
+    slots: Vec<Slot>,
+    root: Value,
+    stored: u64,
+}
+
+impl Pickle {
+    /// The value the pickle's `STOP` returned.
+    pub(crate) fn root(&self) -> Value {
+        self.root
+    }
+
+    /// The node `id` (forwards followed).
+    pub(crate) fn node(&self, id: u32) -> &Node {
+        &self.slots[canonical(&self.slots, id) as usize].node
+    }
+
+    /// The canonical id of node `id` (forwards followed).
+    pub(crate) fn canonical(&self, id: u32) -> u32 {
+        canonical(&self.slots, id)
+    }
+
+    /// Values held at the end of decoding (nodes, container items, memo slots).
+    pub(crate) fn stored_values(&self) -> u64 {
+        self.stored
+    }
+
+    /// Nodes in the arena (forwards included).
+    pub(crate) fn num_nodes(&self) -> usize {
+        self.slots.len()
+    }
+}
+
+fn canonical(slots: &[Slot], id: u32) -> u32 {
+    match slots[id as usize].node {
+        Node::Forward(to) => to,
+        _ => id,
+    }
+}
+
+/// Widest integer (`LONG1`/`LONG4`, bytes) and longest text number (`INT`, `LONG`, `FLOAT`,
+/// `PUT`, `GET`) accepted.
+const MAX_INT_BYTES: u64 = 32;
+const MAX_TEXT_LINE: usize = 80;
+const BUFFER: usize = 256 << 10;
+
+/// The input, read in pieces.
+struct Input<R> {
+    src: R,
+    buf: Box<[u8]>,
+    pos: usize,
+    end: usize,
+    /// Bytes read from `src` so far.
+    read: u64,
+    limit: u64,
+    gzip: bool,
+    eof: bool,
+}
+
+impl<R: Read> Input<R> {
+    /// Offset of the next byte.
+    fn offset(&self) -> u64 {
+        self.read - (self.end - self.pos) as u64
+    }
+
+    /// Refills the buffer; `false` at the end of the input.
+    fn fill(&mut self) -> Result<bool> {
+        if self.eof {
+            return Ok(false);
+        }
+        loop {
+            match self.src.read(&mut self.buf) {
+                Ok(0) => {
+                    self.eof = true;
+                    return Ok(false);
+                }
+                Ok(n) => {
+                    self.pos = 0;
+                    self.end = n;
+                    self.read += n as u64;
+                    if self.read > self.limit {
+                        return Err(DecodeError::TooLarge(if self.gzip {
+                            format!("it decompresses to more than {} bytes", self.limit)
+                        } else {
+                            format!("the input is larger than {} bytes", self.limit)
+                        }));
+                    }
+                    return Ok(true);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if self.gzip && e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                    return Err(DecodeError::Truncated("the gzip stream ends early".into()));
+                }
+                Err(e) if self.gzip => {
+                    return Err(DecodeError::NotPickle(format!(
+                        "gzip magic bytes, but not a valid gzip stream: {e}"
+                    )));
+                }
+                Err(e) => return Err(DecodeError::Io(e)),
+            }
+        }
+    }
+
+    fn truncated(&self, what: &str) -> DecodeError {
+        DecodeError::Truncated(format!(
+            "the input ends at byte {} inside {what}",
+            self.offset()
+        ))
+    }
+
+    #[inline]
+    fn byte(&mut self, what: &str) -> Result<u8> {
+        if self.pos == self.end && !self.fill()? {
+            return Err(self.truncated(what));
+        }
+        let b = self.buf[self.pos];
+        self.pos += 1;
+        Ok(b)
+    }
+
+    #[inline]
+    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
+        let mut out = [0u8; N];
+        if self.end - self.pos >= N {
+            out.copy_from_slice(&self.buf[self.pos..self.pos + N]);
+            self.pos += N;
+        } else {
+            for b in &mut out {
+                *b = self.byte(what)?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads `n` bytes into `out` (cleared first), growing it only as the data arrives.
+    fn bytes(&mut self, n: u64, out: &mut Vec<u8>, what: &str) -> Result<()> {
+        out.clear();
+        let mut left = n;
+        while left > 0 {
+            if self.pos == self.end && !self.fill()? {
+                return Err(self.truncated(what));
+            }
+            let take = (self.end - self.pos).min(usize::try_from(left).unwrap_or(usize::MAX));
+            out.extend_from_slice(&self.buf[self.pos..self.pos + take]);
+            self.pos += take;
+            left -= take as u64;
+        }
+        Ok(())
+    }
+
+    /// A text argument up to its newline.
+    fn line(&mut self, out: &mut Vec<u8>, what: &str) -> Result<()> {
+        out.clear();
+        loop {
+            let b = self.byte(what)?;
+            if b == b'\n' {
+                return Ok(());
+            }
+            if out.len() >= MAX_TEXT_LINE {
+                return Err(DecodeError::NotPickle(format!(
+                    "the text argument of {what} is longer than {MAX_TEXT_LINE} bytes"
+                )));
+            }
+            out.push(b);
+        }
+    }
+
+    /// Whether the input has ended (reading on to its end, so gzip checks its trailer).
+    fn at_end(&mut self) -> Result<bool> {
+        if self.pos < self.end {
+            return Ok(false);
+        }
+        Ok(!self.fill()?)
+    }
+}
+
+struct Machine<'l> {
+    limits: &'l ReadLimits,
+    slots: Vec<Slot>,
+    stack: Vec<Value>,
+    marks: Vec<usize>,
+    memo: Vec<Option<Value>>,
+    /// Memo slots far beyond the dense ones (an index a pickler would not write).
+    sparse_memo: HashMap<u32, Value>,
+    /// Values held in the arena (nodes, container items) and the memo.
+    stored: u64,
+    /// Hash of a frozen list's or tuple's items → the first node frozen with that hash.
+    consed: HashMap<u64, u32>,
+    scratch: Vec<Value>,
+    text: Vec<u8>,
+}
+
+/// Decodes the pickle that `src` holds (already decompressed); `gzip` says whether read
+/// errors come from a gzip decoder.
+pub(crate) fn decode(src: impl Read, gzip: bool, limits: &ReadLimits) -> Result<Pickle> {
+    let mut input = Input {
+        src,
+        buf: vec![0u8; BUFFER].into_boxed_slice(),
+        pos: 0,
+        end: 0,
+        read: 0,
+        limit: limits.max_input_bytes,
+        gzip,
+        eof: false,
+    };
+    if input.at_end()? {
+        return Err(DecodeError::NotPickle("the input is empty".into()));
+    }
+    let mut m = Machine {
+        limits,
+        slots: Vec::new(),
+        stack: Vec::new(),
+        marks: Vec::new(),
+        memo: Vec::new(),
+        sparse_memo: HashMap::new(),
+        stored: 0,
+        consed: HashMap::new(),
+        scratch: Vec::new(),
+        text: Vec::new(),
+    };
+    let root = m.run(&mut input)?;
+    if !input.at_end()? {
+        return Err(DecodeError::NotPickle(format!(
+            "bytes after the STOP opcode at byte {}",
+            input.offset() - 1
+        )));
+    }
+    let stored = m.stored;
+    Ok(Pickle {
+        slots: m.slots,
+        root,
+        stored,
+    })
+}
+
+fn not_pickle(msg: impl Into<String>) -> DecodeError {
+    DecodeError::NotPickle(msg.into())
+}
+
+/// Names of the opcodes refused because no snapshot uses them.
+fn refused(op: u8) -> Option<&'static str> {
+    Some(match op {
+        b'c' => "GLOBAL",
+        0x93 => "STACK_GLOBAL",
+        b'R' => "REDUCE",
+        b'b' => "BUILD",
+        b'i' => "INST",
+        b'o' => "OBJ",
+        0x81 => "NEWOBJ",
+        0x92 => "NEWOBJ_EX",
+        b'P' => "PERSID",
+        b'Q' => "BINPERSID",
+        0x82 => "EXT1",
+        0x83 => "EXT2",
+        0x84 => "EXT4",
+        0x97 => "NEXT_BUFFER",
+        0x98 => "READONLY_BUFFER",
+        0x8f => "EMPTY_SET",
+        0x90 => "ADDITEMS",
+        0x91 => "FROZENSET",
+        b'S' => "STRING",
+        b'T' => "BINSTRING",
+        b'U' => "SHORT_BINSTRING",
+        b'V' => "UNICODE",
+        _ => return None,
+    })
+}
+
+impl Machine<'_> {
+    fn run<R: Read>(&mut self, input: &mut Input<R>) -> Result<Value> {
+        loop {
+            let at = input.offset();
+            let op = input
+                .byte("the pickle")
+                .map_err(|e| match e {
+                    DecodeError::Truncated(_) => DecodeError::Truncated(format!(
+                        "the input ends at byte {at} before the pickle's STOP opcode"
+                    )),
+                    e => e,
+                })?;
+            match op {
+                0x80 => {
+                    let v = input.byte("PROTO")?;
+                    if v > 5 {
+                        return Err(not_pickle(format!("unsupported pickle protocol {v}")));
+                    }
+                }
+                0x95 => {
+                    input.array::<8>("FRAME")?;
+                }
+                b'(' => {
+                    self.marks.push(self.stack.len());
+                    self.check_room(0)?;
+                }
+                b'.' => {
+                    let v = self.pop("STOP")?;
+                    if !self.stack.is_empty() || !self.marks.is_empty() {
+                        return Err(not_pickle(format!(
+                            "{} values and {} marks left on the stack at STOP",
+                            self.stack.len(),
+                            self.marks.len()
+                        )));
+                    }
+                    return Ok(v);
+                }
+                b'0' => {
+                    let floor = self.marks.last().copied().unwrap_or(0);
+                    if self.stack.len() > floor {
+                        self.stack.pop();
+                    } else if !self.marks.is_empty() {
+                        self.marks.pop();
+                    } else {
+                        return Err(not_pickle("POP on an empty stack"));
+                    }
+                }
+                b'1' => {
+                    let mark = self.pop_mark("POP_MARK")?;
+                    self.stack.truncate(mark);
+                }
+                b'2' => {
+                    let v = *self
+                        .stack
+                        .last()
+                        .ok_or_else(|| not_pickle("DUP on an empty stack"))?;
+                    self.push(v)?;
+                }
+                b'N' => self.push(Value::None)?,
+                0x88 => self.push(Value::Bool(true))?,
+                0x89 => self.push(Value::Bool(false))?,
+                b'K' => {
+                    let v = input.byte("BININT1")?;
+                    self.push(Value::Int(v as i64))?
+                }
+                b'M' => {
+                    let v = u16::from_le_bytes(input.array("BININT2")?);
+                    self.push(Value::Int(v as i64))?
+                }
+                b'J' => {
+                    let v = i32::from_le_bytes(input.array("BININT")?);
+                    self.push(Value::Int(v as i64))?
+                }
+                0x8a => {
+                    let n = input.byte("LONG1")? as u64;
+                    let v = self.long(input, n, "LONG1")?;
+                    self.push(v)?
+                }
+                0x8b => {
+                    let n = i32::from_le_bytes(input.array("LONG4")?);
+                    let n = u64::try_from(n)
+                        .map_err(|_| not_pickle(format!("LONG4 with negative length {n}")))?;
+                    let v = self.long(input, n, "LONG4")?;
+                    self.push(v)?
+                }
+                b'I' => {
+                    input.line(&mut self.text, "INT")?;
+                    let v = match &self.text[..] {
+                        b"01" => Value::Bool(true),
+                        b"00" => Value::Bool(false),
+                        t => text_int(t, "INT")?,
+                    };
+                    self.push(v)?
+                }
+                b'L' => {
+                    input.line(&mut self.text, "LONG")?;
+                    let t = self.text.strip_suffix(b"L").unwrap_or(&self.text);
+                    let v = text_int(t, "LONG")?;
+                    self.push(v)?
+                }
+                b'F' => {
+                    input.line(&mut self.text, "FLOAT")?;
+                    let v = std::str::from_utf8(&self.text)
+                        .ok()
+                        .and_then(|t| t.trim().parse::<f64>().ok())
+                        .ok_or_else(|| not_pickle("FLOAT with a malformed number"))?;
+                    self.push(Value::Float(v))?
+                }
+                b'G' => {
+                    let v = f64::from_be_bytes(input.array("BINFLOAT")?);
+                    self.push(Value::Float(v))?
+                }
+                0x8c => {
+                    let n = input.byte("SHORT_BINUNICODE")? as u64;
+                    self.string(input, n, "SHORT_BINUNICODE")?
+                }
+                b'X' => {
+                    let n = u32::from_le_bytes(input.array("BINUNICODE")?) as u64;
+                    self.string(input, n, "BINUNICODE")?
+                }
+                0x8d => {
+                    let n = u64::from_le_bytes(input.array("BINUNICODE8")?);
+                    self.string(input, n, "BINUNICODE8")?
+                }
+                b'C' => {
+                    let n = input.byte("SHORT_BINBYTES")? as u64;
+                    self.bytes(input, n, "SHORT_BINBYTES")?
+                }
+                b'B' => {
+                    let n = u32::from_le_bytes(input.array("BINBYTES")?) as u64;
+                    self.bytes(input, n, "BINBYTES")?
+                }
+                0x8e | 0x96 => {
+                    let what = if op == 0x8e { "BINBYTES8" } else { "BYTEARRAY8" };
+                    let n = u64::from_le_bytes(input.array(what)?);
+                    self.bytes(input, n, what)?
+                }
+                b'}' => self.new_node(Node::Dict(Vec::new()), 0)?,
+                b']' => self.new_node(Node::List(Vec::new()), 0)?,
+                b')' => self.new_node(Node::Tuple(Box::new([])), 0)?,
+                b'd' => {
+                    let mark = self.pop_mark("DICT")?;
+                    let id = self.new_node_at(mark, Node::Dict(Vec::new()))?;
+                    self.fill_dict(id, mark + 1, "DICT")?;
+                }
+                b'l' => {
+                    let mark = self.pop_mark("LIST")?;
+                    let id = self.new_node_at(mark, Node::List(Vec::new()))?;
+                    self.fill_list(id, mark + 1, "LIST")?;
+                }
+                b't' => {
+                    let mark = self.pop_mark("TUPLE")?;
+                    self.tuple(mark)?;
+                }
+                0x85..=0x87 => {
+                    let n = (op - 0x84) as usize;
+                    if self.stack.len() < n + self.marks.last().copied().unwrap_or(0) {
+                        return Err(not_pickle(format!("TUPLE{n} on a stack of too few values")));
+                    }
+                    self.tuple(self.stack.len() - n)?;
+                }
+                b'a' => {
+                    if self.stack.len() < 2 + self.marks.last().copied().unwrap_or(0) {
+                        return Err(not_pickle("APPEND on a stack of too few values"));
+                    }
+                    let target = self.stack[self.stack.len() - 2];
+                    let id = self.open(target, "APPEND")?;
+                    self.fill_list(id, self.stack.len() - 1, "APPEND")?;
+                }
+                b'e' => {
+                    let mark = self.pop_mark("APPENDS")?;
+                    let target = self.below_mark(mark, "APPENDS")?;
+                    let id = self.open(target, "APPENDS")?;
+                    self.fill_list(id, mark, "APPENDS")?;
+                }
+                b's' => {
+                    if self.stack.len() < 3 + self.marks.last().copied().unwrap_or(0) {
+                        return Err(not_pickle("SETITEM on a stack of too few values"));
+                    }
+                    let target = self.stack[self.stack.len() - 3];
+                    let id = self.open(target, "SETITEM")?;
+                    self.fill_dict(id, self.stack.len() - 2, "SETITEM")?;
+                }
+                b'u' => {
+                    let mark = self.pop_mark("SETITEMS")?;
+                    let target = self.below_mark(mark, "SETITEMS")?;
+                    let id = self.open(target, "SETITEMS")?;
+                    self.fill_dict(id, mark, "SETITEMS")?;
+                }
+                0x94 => {
+                    let v = self.top("MEMOIZE")?;
+                    let idx = self.memo.len() as u64 + self.sparse_memo.len() as u64;
+                    let idx = u32::try_from(idx).map_err(|_| not_pickle("memo overflow"))?;
+                    self.put(idx, v)?
+                }
+                b'q' => {
+                    let idx = input.byte("BINPUT")? as u32;
+                    let v = self.top("BINPUT")?;
+                    self.put(idx, v)?
+                }
+                b'r' => {
+                    let idx = u32::from_le_bytes(input.array("LONG_BINPUT")?);
+                    let v = self.top("LONG_BINPUT")?;
+                    self.put(idx, v)?
+                }
+                b'p' => {
+                    input.line(&mut self.text, "PUT")?;
+                    let idx = text_index(&self.text, "PUT")?;
+                    let v = self.top("PUT")?;
+                    self.put(idx, v)?
+                }
+                b'h' => {
+                    let idx = input.byte("BINGET")? as u32;
+                    self.get(idx)?
+                }
+                b'j' => {
+                    let idx = u32::from_le_bytes(input.array("LONG_BINGET")?);
+                    self.get(idx)?
+                }
+                b'g' => {
+                    input.line(&mut self.text, "GET")?;
+                    let idx = text_index(&self.text, "GET")?;
+                    self.get(idx)?
+                }
+                op => {
+                    return Err(not_pickle(match refused(op) {
+                        Some(name) => format!(
+                            "opcode {name} (0x{op:02x}) at byte {at}: Python objects, sets and \
+                             Python 2 strings are not part of any memory snapshot"
+                        ),
+                        None => format!("unknown opcode 0x{op:02x} at byte {at}"),
+                    }));
+                }
+            }
+        }
+    }
+
+    fn too_large(&self) -> DecodeError {
+        DecodeError::TooLarge(format!(
+            "more than {} values stored (ReadLimits::max_values)",
+            self.limits.max_values
+        ))
+    }
+
+    /// Checks that `extra` more values fit, stack and marks included.
+    #[inline]
+    fn check_room(&self, extra: u64) -> Result<()> {
+        let held = self.stored + self.stack.len() as u64 + self.marks.len() as u64 + extra;
+        if held > self.limits.max_values {
+            return Err(self.too_large());
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn push(&mut self, v: Value) -> Result<()> {
+        self.check_room(1)?;
+        self.stack.push(v);
+        Ok(())
+    }
+
+    fn pop(&mut self, what: &str) -> Result<Value> {
+        if self.stack.len() <= self.marks.last().copied().unwrap_or(0) {
+            return Err(not_pickle(format!("{what} on an empty stack")));
+        }
+        Ok(self.stack.pop().unwrap_or(Value::None))
+    }
+
+    fn top(&self, what: &str) -> Result<Value> {
+        if self.stack.len() <= self.marks.last().copied().unwrap_or(0) {
+            return Err(not_pickle(format!("{what} on an empty stack")));
+        }
+        Ok(self.stack[self.stack.len() - 1])
+    }
+
+
+    fn pop_mark(&mut self, what: &str) -> Result<usize> {
+        self.marks
+            .pop()
+            .ok_or_else(|| not_pickle(format!("{what} without a MARK")))
+    }
+
+    fn below_mark(&self, mark: usize, what: &str) -> Result<Value> {
+        let floor = self.marks.last().copied().unwrap_or(0);
+        if mark == 0 || mark - 1 < floor {
+            return Err(not_pickle(format!("{what} with no container below its MARK")));
+        }
+        Ok(self.stack[mark - 1])
+    }
+
+    fn new_node(&mut self, node: Node, depth: u32) -> Result<()> {
+        self.check_room(2)?;
+        if self.slots.len() >= u32::MAX as usize {
+            return Err(self.too_large());
+        }
+        let id = self.slots.len() as u32;
+        let frozen = matches!(node, Node::Str(_) | Node::Bytes);
+        self.slots.push(Slot {
+            node,
+            depth: depth.max(1),
+            frozen,
+        });
+        self.stored += 1;
+        self.stack.push(Value::Node(id));
+        Ok(())
+    }
+
+    /// A new empty container inserted into the stack at `at` (below the values that fill it).
+    fn new_node_at(&mut self, at: usize, node: Node) -> Result<u32> {
+        self.new_node(node, 1)?;
+        if let Some(v) = self.stack.pop() {
+            self.stack.insert(at, v);
+        }
+        Ok(self.slots.len() as u32 - 1)
+    }
+
+    fn long<R: Read>(&mut self, input: &mut Input<R>, n: u64, what: &str) -> Result<Value> {
+        if n > MAX_INT_BYTES {
+            return Err(DecodeError::TooLarge(format!(
+                "{what}: an integer of {n} bytes (at most {MAX_INT_BYTES} accepted)"
+            )));
+        }
+        input.bytes(n, &mut self.text, what)?;
+        let b = &self.text;
+        if b.is_empty() {
+            return Ok(Value::Int(0));
+        }
+        let negative = b[b.len() - 1] & 0x80 != 0;
+        let fill = if negative { 0xff } else { 0 };
+        let mut le = [fill; 8];
+        let low = b.len().min(8);
+        le[..low].copy_from_slice(&b[..low]);
+        let v = i64::from_le_bytes(le);
+        // Wider than 8 bytes: fits only if the high bytes merely extend the sign.
+        if b.len() > 8 && (b[8..].iter().any(|&x| x != fill) || (v < 0) != negative) {
+            return Ok(Value::BigInt);
+        }
+        Ok(Value::Int(v))
+    }
+
+    fn string<R: Read>(&mut self, input: &mut Input<R>, n: u64, what: &str) -> Result<()> {
+        let mut buf = std::mem::take(&mut self.text);
+        input.bytes(n, &mut buf, what)?;
+        let s = std::str::from_utf8(&buf)
+            .map_err(|e| not_pickle(format!("{what}: the string is not UTF-8: {e}")))?;
+        let node = Node::Str(s.into());
+        self.text = buf;
+        self.new_node(node, 1)
+    }
+
+    fn bytes<R: Read>(&mut self, input: &mut Input<R>, n: u64, what: &str) -> Result<()> {
+        input.bytes(n, &mut self.text, what)?;
+        self.new_node(Node::Bytes, 1)
+    }
+
+    fn put(&mut self, idx: u32, v: Value) -> Result<()> {
+        let i = idx as usize;
+        if i < self.memo.len() {
+            if self.memo[i].is_none() {
+                self.stored += 1;
+            }
+            self.memo[i] = Some(v);
+        } else if i == self.memo.len() {
+            self.check_room(1)?;
+            self.memo.push(Some(v));
+            self.stored += 1;
+        } else {
+            self.check_room(1)?;
+            if self.sparse_memo.insert(idx, v).is_none() {
+                self.stored += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn get(&mut self, idx: u32) -> Result<()> {
+        let v = match self.memo.get(idx as usize) {
+            Some(Some(v)) => Some(*v),
+            _ => self.sparse_memo.get(&idx).copied(),
+        };
+        match v {
+            Some(v) => self.push(v),
+            None => Err(not_pickle(format!(
+                "memo slot {idx} is read before it is written"
+            ))),
+        }
+    }
+
+    /// The id of the open (not frozen) container `target` that an opcode adds to.
+    fn open(&self, target: Value, what: &str) -> Result<u32> {
+        let Value::Node(id) = target else {
+            return Err(not_pickle(format!("{what} to a value that is not a container")));
+        };
+        let id = canonical(&self.slots, id);
+        let slot = &self.slots[id as usize];
+        let ok = match (&slot.node, what) {
+            (Node::List(_), "APPEND" | "APPENDS") => true,
+            (Node::Dict(_), "SETITEM" | "SETITEMS") => true,
+            _ => false,
+        };
+        if !ok {
+            return Err(not_pickle(format!("{what} to the wrong kind of value")));
+        }
+        if slot.frozen {
+            return Err(not_pickle(format!(
+                "{what} changes a container after it was put into another one (or into itself)"
+            )));
+        }
+        Ok(id)
+    }
+
+    /// Puts `v` into a container: freezes it (hash-consing a list or tuple) and gives the
+    /// value to store and its depth.
+    fn adopt(&mut self, v: Value) -> (Value, u32) {
+        let Value::Node(id) = v else {
+            return (v, 1);
+        };
+        let id = canonical(&self.slots, id);
+        let slot = &mut self.slots[id as usize];
+        if slot.frozen {
+            return (Value::Node(id), slot.depth);
+        }
+        slot.frozen = true;
+        let depth = slot.depth;
+        let items: &[Value] = match &slot.node {
+            Node::List(items) => items,
+            Node::Tuple(items) => items,
+            _ => return (Value::Node(id), depth),
+        };
+        let is_list = matches!(slot.node, Node::List(_));
+        let mut h = Fx(is_list as u64);
+        items.hash(&mut h);
+        let key = h.0;
+        match self.consed.get(&key) {
+            Some(&other) => {
+                let same = match (&self.slots[other as usize].node, &self.slots[id as usize].node)
+                {
+                    (Node::List(a), Node::List(b)) => a == b,
+                    (Node::Tuple(a), Node::Tuple(b)) => a == b,
+                    _ => false,
+                };
+                if same {
+                    let freed = match &self.slots[id as usize].node {
+                        Node::List(a) => a.len(),
+                        Node::Tuple(a) => a.len(),
+                        _ => 0,
+                    };
+                    self.stored -= freed as u64;
+                    self.slots[id as usize].node = Node::Forward(other);
+                    return (Value::Node(other), depth);
+                }
+            }
+            None => {
+                self.consed.insert(key, id);
+            }
+        }
+        (Value::Node(id), depth)
+    }
+
+    /// Moves the stack's values from `from` on into list `id` (which stays below them).
+    fn fill_list(&mut self, id: u32, from: usize, what: &str) -> Result<()> {
+        let mut items = std::mem::take(&mut self.scratch);
+        items.clear();
+        let mut depth = self.slots[id as usize].depth;
+        for i in from..self.stack.len() {
+            let (v, d) = self.adopt(self.stack[i]);
+            depth = depth.max(d + 1);
+            items.push(v);
+        }
+        self.stack.truncate(from);
+        self.finish_fill(id, depth, what)?;
+        if let Node::List(list) = &mut self.slots[id as usize].node {
+            if list.is_empty() {
+                list.reserve_exact(items.len());
+            }
+            list.extend_from_slice(&items);
+        }
+        self.stored += items.len() as u64;
+        self.scratch = items;
+        Ok(())
+    }
+
+    /// Moves the stack's key/value pairs from `from` on into dict `id`.
+    fn fill_dict(&mut self, id: u32, from: usize, what: &str) -> Result<()> {
+        if (self.stack.len() - from) % 2 != 0 {
+            return Err(not_pickle(format!("{what} with an odd number of values")));
+        }
+        let mut items = std::mem::take(&mut self.scratch);
+        items.clear();
+        let mut depth = self.slots[id as usize].depth;
+        for i in from..self.stack.len() {
+            let (v, d) = self.adopt(self.stack[i]);
+            depth = depth.max(d + 1);
+            items.push(v);
+        }
+        self.stack.truncate(from);
+        self.finish_fill(id, depth, what)?;
+        if let Node::Dict(dict) = &mut self.slots[id as usize].node {
+            if dict.is_empty() {
+                dict.reserve_exact(items.len() / 2);
+            }
+            dict.extend(items.chunks_exact(2).map(|p| (p[0], p[1])));
+        }
+        self.stored += items.len() as u64;
+        self.scratch = items;
+        Ok(())
+    }
+
+    fn finish_fill(&mut self, id: u32, depth: u32, what: &str) -> Result<()> {
+        let slot = &mut self.slots[id as usize];
+        if slot.frozen {
+            return Err(not_pickle(format!("{what} puts a container into itself")));
+        }
+        if depth > self.limits.max_depth {
+            return Err(DecodeError::TooLarge(format!(
+                "values nest deeper than {} (ReadLimits::max_depth)",
+                self.limits.max_depth
+            )));
+        }
+        slot.depth = depth;
+        Ok(())
+    }
+
+    /// Replaces the stack's values from `from` on by a tuple of them.
+    fn tuple(&mut self, from: usize) -> Result<()> {
+        let mut depth = 1;
+        let mut items = Vec::with_capacity(self.stack.len() - from);
+        for i in from..self.stack.len() {
+            let (v, d) = self.adopt(self.stack[i]);
+            depth = u32::max(depth, d + 1);
+            items.push(v);
+        }
+        if depth > self.limits.max_depth {
+            return Err(DecodeError::TooLarge(format!(
+                "values nest deeper than {} (ReadLimits::max_depth)",
+                self.limits.max_depth
+            )));
+        }
+        self.stack.truncate(from);
+        self.stored += items.len() as u64;
+        self.new_node(Node::Tuple(items.into_boxed_slice()), depth)
+    }
+}
+
+fn text_int(t: &[u8], what: &str) -> Result<Value> {
+    let s = std::str::from_utf8(t)
+        .map_err(|_| not_pickle(format!("{what} with a malformed number")))?
+        .trim();
+    if let Ok(v) = s.parse::<i64>() {
+        return Ok(Value::Int(v));
+    }
+    let digits = s.strip_prefix(['-', '+']).unwrap_or(s);
+    if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+        Ok(Value::BigInt)
+    } else {
+        Err(not_pickle(format!("{what} with a malformed number")))
+    }
+}
+
+fn text_index(t: &[u8], what: &str) -> Result<u32> {
+    std::str::from_utf8(t)
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .ok_or_else(|| not_pickle(format!("{what} with a malformed memo index")))
+}
+
+/// A small multiplicative hasher (the hash-consing keys are checked for equality on a hit, so
+/// collisions cost only a missed sharing).
+struct Fx(u64);
+
+impl Hasher for Fx {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+    fn write_u8(&mut self, i: u8) {
+        self.write_u64(i as u64)
+    }
+    fn write_u32(&mut self, i: u32) {
+        self.write_u64(i as u64)
+    }
+    fn write_i64(&mut self, i: i64) {
+        self.write_u64(i as u64)
+    }
+    fn write_usize(&mut self, i: usize) {
+        self.write_u64(i as u64)
+    }
+    fn write_u64(&mut self, i: u64) {
+        self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
