@@ -1,7 +1,7 @@
 //! Trace → replay program conversion on hand-built traces.
 
 use cachalot_tools::snapshot::{
-    Action, DeviceTrace, ReplayOp, ReplayOptions, TraceEntry, replay_ops, replay_ops_with,
+    Action, DeviceTrace, ReplayOp, ReplayOptions, StackId, TraceEntry, replay_ops, replay_ops_with,
 };
 
 const MIB: u64 = 1 << 20;
@@ -13,6 +13,7 @@ fn e(action: Action, addr: u64, size: u64, stream: u64) -> TraceEntry {
         size,
         stream,
         time_us: 0,
+        stack: StackId::EMPTY,
     }
 }
 

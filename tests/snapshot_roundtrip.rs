@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use cachalot_tools::snapshot::{
     Action, AllocatorSettings, BlockState, BlockStatus, DeviceTrace, SegmentState, SegmentType,
-    Snapshot, TraceEntry, parse_snapshot, read_snapshot, write_snapshot,
+    Snapshot, StackId, TraceEntry, parse_snapshot, FrameTable, Frame, read_snapshot, write_snapshot,
 };
 
 mod common;
@@ -31,6 +31,7 @@ fn tiny() -> Snapshot {
         size,
         stream,
         time_us,
+        stack: StackId::EMPTY,
     };
     Snapshot {
         segments: vec![
@@ -44,24 +45,28 @@ fn tiny() -> Snapshot {
                 stream: 0,
                 segment_type: SegmentType::Large,
                 is_expandable: false,
+                stack: StackId::EMPTY,
                 blocks: vec![
                     BlockState {
                         address: base,
                         size: 4 * mib,
                         requested_size: 4 * mib - 100,
                         state: BlockStatus::ActiveAllocated,
+                        stack: StackId::EMPTY,
                     },
                     BlockState {
                         address: base + 4 * mib,
                         size: 3 * mib,
                         requested_size: 3 * mib,
                         state: BlockStatus::ActivePendingFree,
+                        stack: StackId::EMPTY,
                     },
                     BlockState {
                         address: base + 7 * mib,
                         size: 13 * mib,
                         requested_size: 0,
                         state: BlockStatus::Inactive,
+                        stack: StackId::EMPTY,
                     },
                 ],
             },
@@ -75,11 +80,13 @@ fn tiny() -> Snapshot {
                 stream: 94_000_000_123,
                 segment_type: SegmentType::Small,
                 is_expandable: true,
+                stack: StackId::EMPTY,
                 blocks: vec![BlockState {
                     address: base + (1 << 40),
                     size: 2 * mib,
                     requested_size: 0,
                     state: BlockStatus::Inactive,
+                    stack: StackId::EMPTY,
                 }],
             },
         ],
@@ -135,6 +142,7 @@ fn tiny() -> Snapshot {
             expandable_segments: true,
             roundup_power2_divisions: (0..16).map(|i| if i < 8 { 1 } else { 4 }).collect(),
         }),
+        frames: FrameTable::default(),
     }
 }
 
@@ -142,10 +150,7 @@ fn tiny() -> Snapshot {
 fn a_hand_built_snapshot_round_trips() {
     let snap = tiny();
     let bytes = write(&snap);
-    assert!(
-        bytes.starts_with(b"\x80\x03"),
-        "serde-pickle writes protocol 3"
-    );
+    assert!(bytes.starts_with(b"\x80\x04"), "the writer writes protocol 4");
     if let Some(out) = std::env::var_os("CACHALOT_WRITE_ROUNDTRIP_DIR").map(PathBuf::from) {
         std::fs::create_dir_all(&out).unwrap();
         std::fs::write(out.join("hand_built.pickle"), &bytes).unwrap();

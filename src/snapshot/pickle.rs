@@ -110,9 +110,12 @@ pub(crate) enum Node {
     Forward(u32),
 }
 
-#[derive(Debug)]
-struct Slot {
-    node: Node,
+/// What the decoder's hot paths need of a node, kept apart from its content so that it is
+/// compact in the cache.
+#[derive(Debug, Clone, Copy)]
+struct Meta {
+    /// The node itself, or the node it was hash-consed into.
+    canon: u32,
     /// Nesting depth, a scalar counting 1 (an empty container 1, a list of ints 2).
     depth: u32,
     frozen: bool,
@@ -120,7 +123,7 @@ struct Slot {
 
 /// A decoded pickle: the arena and its root value.
 pub(crate) struct Pickle {
-    slots: Vec<Slot>,
+    nodes: Vec<Node>,
     root: Value,
     stored: u64,
 }
@@ -133,12 +136,15 @@ impl Pickle {
 
     /// The node `id` (forwards followed).
     pub(crate) fn node(&self, id: u32) -> &Node {
-        &self.slots[canonical(&self.slots, id) as usize].node
+        &self.nodes[self.canonical(id) as usize]
     }
 
     /// The canonical id of node `id` (forwards followed).
     pub(crate) fn canonical(&self, id: u32) -> u32 {
-        canonical(&self.slots, id)
+        match self.nodes[id as usize] {
+            Node::Forward(to) => to,
+            _ => id,
+        }
     }
 
     /// Values held at the end of decoding (nodes, container items, memo slots).
@@ -148,14 +154,7 @@ impl Pickle {
 
     /// Nodes in the arena (forwards included).
     pub(crate) fn num_nodes(&self) -> usize {
-        self.slots.len()
-    }
-}
-
-fn canonical(slots: &[Slot], id: u32) -> u32 {
-    match slots[id as usize].node {
-        Node::Forward(to) => to,
-        _ => id,
+        self.nodes.len()
     }
 }
 
@@ -297,17 +296,18 @@ impl<R: Read> Input<R> {
 
 struct Machine<'l> {
     limits: &'l ReadLimits,
-    slots: Vec<Slot>,
+    nodes: Vec<Node>,
+    meta: Vec<Meta>,
     stack: Vec<Value>,
     marks: Vec<usize>,
-    memo: Vec<Option<Value>>,
+    /// Memo slots 0, 1, 2, … (what picklers write).
+    memo: Vec<Value>,
     /// Memo slots far beyond the dense ones (an index a pickler would not write).
     sparse_memo: HashMap<u32, Value>,
     /// Values held in the arena (nodes, container items) and the memo.
     stored: u64,
     /// Hash of a frozen list's or tuple's items → the first node frozen with that hash.
     consed: HashMap<u64, u32>,
-    scratch: Vec<Value>,
     text: Vec<u8>,
 }
 
@@ -329,14 +329,14 @@ pub(crate) fn decode(src: impl Read, gzip: bool, limits: &ReadLimits) -> Result<
     }
     let mut m = Machine {
         limits,
-        slots: Vec::new(),
+        nodes: Vec::new(),
+        meta: Vec::new(),
         stack: Vec::new(),
         marks: Vec::new(),
         memo: Vec::new(),
         sparse_memo: HashMap::new(),
         stored: 0,
         consed: HashMap::new(),
-        scratch: Vec::new(),
         text: Vec::new(),
     };
     let root = m.run(&mut input)?;
@@ -348,7 +348,7 @@ pub(crate) fn decode(src: impl Read, gzip: bool, limits: &ReadLimits) -> Result<
     }
     let stored = m.stored;
     Ok(Pickle {
-        slots: m.slots,
+        nodes: m.nodes,
         root,
         stored,
     })
@@ -679,13 +679,14 @@ impl Machine<'_> {
 
     fn new_node(&mut self, node: Node, depth: u32) -> Result<()> {
         self.check_room(2)?;
-        if self.slots.len() >= u32::MAX as usize {
+        if self.nodes.len() >= u32::MAX as usize {
             return Err(self.too_large());
         }
-        let id = self.slots.len() as u32;
+        let id = self.nodes.len() as u32;
         let frozen = matches!(node, Node::Str(_) | Node::Bytes);
-        self.slots.push(Slot {
-            node,
+        self.nodes.push(node);
+        self.meta.push(Meta {
+            canon: id,
             depth: depth.max(1),
             frozen,
         });
@@ -700,7 +701,7 @@ impl Machine<'_> {
         if let Some(v) = self.stack.pop() {
             self.stack.insert(at, v);
         }
-        Ok(self.slots.len() as u32 - 1)
+        Ok(self.nodes.len() as u32 - 1)
     }
 
     fn long<R: Read>(&mut self, input: &mut Input<R>, n: u64, what: &str) -> Result<Value> {
@@ -745,13 +746,10 @@ impl Machine<'_> {
     fn put(&mut self, idx: u32, v: Value) -> Result<()> {
         let i = idx as usize;
         if i < self.memo.len() {
-            if self.memo[i].is_none() {
-                self.stored += 1;
-            }
-            self.memo[i] = Some(v);
+            self.memo[i] = v;
         } else if i == self.memo.len() {
             self.check_room(1)?;
-            self.memo.push(Some(v));
+            self.memo.push(v);
             self.stored += 1;
         } else {
             self.check_room(1)?;
@@ -762,13 +760,13 @@ impl Machine<'_> {
         Ok(())
     }
 
+    #[inline]
     fn get(&mut self, idx: u32) -> Result<()> {
-        let v = match self.memo.get(idx as usize) {
-            Some(Some(v)) => Some(*v),
-            _ => self.sparse_memo.get(&idx).copied(),
-        };
-        match v {
-            Some(v) => self.push(v),
+        if let Some(&v) = self.memo.get(idx as usize) {
+            return self.push(v);
+        }
+        match self.sparse_memo.get(&idx) {
+            Some(&v) => self.push(v),
             None => Err(not_pickle(format!(
                 "memo slot {idx} is read before it is written"
             ))),
@@ -780,9 +778,8 @@ impl Machine<'_> {
         let Value::Node(id) = target else {
             return Err(not_pickle(format!("{what} to a value that is not a container")));
         };
-        let id = canonical(&self.slots, id);
-        let slot = &self.slots[id as usize];
-        let ok = match (&slot.node, what) {
+        let id = self.meta[id as usize].canon;
+        let ok = match (&self.nodes[id as usize], what) {
             (Node::List(_), "APPEND" | "APPENDS") => true,
             (Node::Dict(_), "SETITEM" | "SETITEMS") => true,
             _ => false,
@@ -790,7 +787,7 @@ impl Machine<'_> {
         if !ok {
             return Err(not_pickle(format!("{what} to the wrong kind of value")));
         }
-        if slot.frozen {
+        if self.meta[id as usize].frozen {
             return Err(not_pickle(format!(
                 "{what} changes a container after it was put into another one (or into itself)"
             )));
@@ -800,42 +797,42 @@ impl Machine<'_> {
 
     /// Puts `v` into a container: freezes it (hash-consing a list or tuple) and gives the
     /// value to store and its depth.
+    #[inline]
     fn adopt(&mut self, v: Value) -> (Value, u32) {
         let Value::Node(id) = v else {
             return (v, 1);
         };
-        let id = canonical(&self.slots, id);
-        let slot = &mut self.slots[id as usize];
-        if slot.frozen {
-            return (Value::Node(id), slot.depth);
+        // A forwarded node is frozen, and its depth is its canonical node's.
+        let meta = self.meta[id as usize];
+        if meta.frozen {
+            return (Value::Node(meta.canon), meta.depth);
         }
-        slot.frozen = true;
-        let depth = slot.depth;
-        let items: &[Value] = match &slot.node {
-            Node::List(items) => items,
-            Node::Tuple(items) => items,
+        self.freeze(id)
+    }
+
+    fn freeze(&mut self, id: u32) -> (Value, u32) {
+        let meta = &mut self.meta[id as usize];
+        meta.frozen = true;
+        let depth = meta.depth;
+        let (items, is_list): (&[Value], bool) = match &self.nodes[id as usize] {
+            Node::List(items) => (items, true),
+            Node::Tuple(items) => (items, false),
             _ => return (Value::Node(id), depth),
         };
-        let is_list = matches!(slot.node, Node::List(_));
         let mut h = Fx(is_list as u64);
         items.hash(&mut h);
         let key = h.0;
         match self.consed.get(&key) {
             Some(&other) => {
-                let same = match (&self.slots[other as usize].node, &self.slots[id as usize].node)
-                {
+                let same = match (&self.nodes[other as usize], &self.nodes[id as usize]) {
                     (Node::List(a), Node::List(b)) => a == b,
                     (Node::Tuple(a), Node::Tuple(b)) => a == b,
                     _ => false,
                 };
                 if same {
-                    let freed = match &self.slots[id as usize].node {
-                        Node::List(a) => a.len(),
-                        Node::Tuple(a) => a.len(),
-                        _ => 0,
-                    };
-                    self.stored -= freed as u64;
-                    self.slots[id as usize].node = Node::Forward(other);
+                    self.stored -= items.len() as u64;
+                    self.nodes[id as usize] = Node::Forward(other);
+                    self.meta[id as usize].canon = other;
                     return (Value::Node(other), depth);
                 }
             }
@@ -846,26 +843,30 @@ impl Machine<'_> {
         (Value::Node(id), depth)
     }
 
-    /// Moves the stack's values from `from` on into list `id` (which stays below them).
-    fn fill_list(&mut self, id: u32, from: usize, what: &str) -> Result<()> {
-        let mut items = std::mem::take(&mut self.scratch);
-        items.clear();
-        let mut depth = self.slots[id as usize].depth;
+    /// Freezes the stack's values from `from` on, giving the deepest of them.
+    fn adopt_stack(&mut self, from: usize) -> u32 {
+        let mut depth = 0;
         for i in from..self.stack.len() {
             let (v, d) = self.adopt(self.stack[i]);
-            depth = depth.max(d + 1);
-            items.push(v);
+            self.stack[i] = v;
+            depth = depth.max(d);
         }
-        self.stack.truncate(from);
+        depth
+    }
+
+    /// Moves the stack's values from `from` on into list `id` (which stays below them).
+    fn fill_list(&mut self, id: u32, from: usize, what: &str) -> Result<()> {
+        let depth = self.adopt_stack(from);
         self.finish_fill(id, depth, what)?;
-        if let Node::List(list) = &mut self.slots[id as usize].node {
+        let items = &self.stack[from..];
+        if let Node::List(list) = &mut self.nodes[id as usize] {
             if list.is_empty() {
                 list.reserve_exact(items.len());
             }
-            list.extend_from_slice(&items);
+            list.extend_from_slice(items);
         }
         self.stored += items.len() as u64;
-        self.scratch = items;
+        self.stack.truncate(from);
         Ok(())
     }
 
@@ -874,51 +875,41 @@ impl Machine<'_> {
         if (self.stack.len() - from) % 2 != 0 {
             return Err(not_pickle(format!("{what} with an odd number of values")));
         }
-        let mut items = std::mem::take(&mut self.scratch);
-        items.clear();
-        let mut depth = self.slots[id as usize].depth;
-        for i in from..self.stack.len() {
-            let (v, d) = self.adopt(self.stack[i]);
-            depth = depth.max(d + 1);
-            items.push(v);
-        }
-        self.stack.truncate(from);
+        let depth = self.adopt_stack(from);
         self.finish_fill(id, depth, what)?;
-        if let Node::Dict(dict) = &mut self.slots[id as usize].node {
+        let items = &self.stack[from..];
+        if let Node::Dict(dict) = &mut self.nodes[id as usize] {
             if dict.is_empty() {
                 dict.reserve_exact(items.len() / 2);
             }
             dict.extend(items.chunks_exact(2).map(|p| (p[0], p[1])));
         }
         self.stored += items.len() as u64;
-        self.scratch = items;
+        self.stack.truncate(from);
         Ok(())
     }
 
-    fn finish_fill(&mut self, id: u32, depth: u32, what: &str) -> Result<()> {
-        let slot = &mut self.slots[id as usize];
-        if slot.frozen {
+    /// Checks that container `id` may take items of depth `items_depth` (the deepest).
+    fn finish_fill(&mut self, id: u32, items_depth: u32, what: &str) -> Result<()> {
+        let meta = &mut self.meta[id as usize];
+        if meta.frozen {
             return Err(not_pickle(format!("{what} puts a container into itself")));
         }
+        let depth = meta.depth.max(items_depth.saturating_add(1));
         if depth > self.limits.max_depth {
             return Err(DecodeError::TooLarge(format!(
                 "values nest deeper than {} (ReadLimits::max_depth)",
                 self.limits.max_depth
             )));
         }
-        slot.depth = depth;
+        meta.depth = depth;
         Ok(())
     }
 
     /// Replaces the stack's values from `from` on by a tuple of them.
     fn tuple(&mut self, from: usize) -> Result<()> {
-        let mut depth = 1;
-        let mut items = Vec::with_capacity(self.stack.len() - from);
-        for i in from..self.stack.len() {
-            let (v, d) = self.adopt(self.stack[i]);
-            depth = u32::max(depth, d + 1);
-            items.push(v);
-        }
+        let depth = self.adopt_stack(from).saturating_add(1);
+        let items: Box<[Value]> = self.stack[from..].into();
         if depth > self.limits.max_depth {
             return Err(DecodeError::TooLarge(format!(
                 "values nest deeper than {} (ReadLimits::max_depth)",
@@ -927,7 +918,7 @@ impl Machine<'_> {
         }
         self.stack.truncate(from);
         self.stored += items.len() as u64;
-        self.new_node(Node::Tuple(items.into_boxed_slice()), depth)
+        self.new_node(Node::Tuple(items), depth)
     }
 }
 
