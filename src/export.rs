@@ -23,9 +23,8 @@ use cachalot::sizes::Pool;
 use cachalot::{BlockState, SegmentInfo, Settings, TraceAction, TraceEvent};
 
 use crate::snapshot::{
-    FrameTable, StackId,
-    Action, AllocatorSettings, BlockState as SnapBlock, BlockStatus, DeviceTrace, SegmentState,
-    SegmentType, Snapshot, TraceEntry,
+    Action, AllocatorSettings, BlockState as SnapBlock, BlockStatus, DeviceTrace, FrameTable,
+    SegmentState, SegmentType, Snapshot, StackId, TraceEntry,
 };
 
 /// The snapshot of one device's allocator: its segments (`segments`, e.g. from

@@ -384,20 +384,65 @@ fn deep_nesting_is_refused_before_decoding() {
     too_large(&p);
 }
 
+/// A snapshot whose ignored `external_annotations` key holds `value` (pickle opcodes that
+/// leave one value on the stack).
+fn snapshot_with_annotations(value: &[u8]) -> Vec<u8> {
+    let mut p =
+        b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces]\x8c\x14external_annotations".to_vec();
+    p.extend_from_slice(value);
+    p.extend_from_slice(b"u.");
+    p
+}
+
 #[test]
-fn memo_expansion_bombs_are_refused() {
-    // x0 = [0]; x(i+1) = [xi]*8 (memo references) ... 2^(3*30) values from under 1 KiB
-    let mut p = b"\x80\x04](K\x00e\x94".to_vec();
+fn memo_reference_bombs_are_cheap_now() {
+    // x0 = [0]; x(i+1) = [xi]*8 (memo references): 2^(3*30) values once expanded, from under
+    // 1 KiB. References share what they refer to, so this stores a few hundred values.
+    let mut bomb = b"](K\x00e\x94".to_vec();
     for i in 0..30u8 {
-        p.extend_from_slice(b"](");
+        bomb.push(b'0'); // POP the previous list (it stays in the memo)
+        bomb.extend_from_slice(b"](");
         for _ in 0..8 {
-            p.extend_from_slice(&[b'h', i]);
+            bomb.extend_from_slice(&[b'h', i]);
         }
-        p.extend_from_slice(b"e\x94");
+        bomb.extend_from_slice(b"e\x94");
     }
+    let start = std::time::Instant::now();
+    let snap = parse_snapshot(&snapshot_with_annotations(&bomb)).unwrap();
+    assert!(snap.traces.is_empty());
+    // the same bomb where a snapshot is expected: a clean refusal
+    let mut p = b"\x80\x04".to_vec();
+    p.extend_from_slice(&bomb);
     p.push(b'.');
-    too_large(&p);
-    // DUP copies a large list again and again
+    assert!(matches!(parse_err(&p), SnapshotError::NotSnapshot { .. }));
+    // one frame dict referenced a million times as one entry's stack: a million-frame stack of
+    // one distinct frame
+    let mut p = b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces]](}(".to_vec();
+    p.extend_from_slice(b"\x8c\x06action\x8c\x05alloc\x8c\x04addrK\x01\x8c\x04sizeK\x01");
+    p.extend_from_slice(b"\x8c\x06frames](}(\x8c\x04name\x8c\x01f\x8c\x08filename\x8c\x01g");
+    p.extend_from_slice(b"\x8c\x04lineK\x07u\x94");
+    p.extend(std::iter::repeat_n(*b"h\x00", 1_000_000).flatten());
+    p.extend_from_slice(b"eueau.");
+    let snap = parse_snapshot(&p).unwrap();
+    assert_eq!(snap.frames.num_frames(), 1);
+    let stack = snap.traces[0].entries[0].stack;
+    assert_eq!(snap.frames.stack(stack).len(), 1_000_001);
+    assert!(start.elapsed().as_secs() < 20, "took {:?}", start.elapsed());
+    // over a lower limit on stored values, the same input is refused
+    let few = ReadLimits {
+        max_values: 100_000,
+        ..ReadLimits::default()
+    };
+    assert!(matches!(
+        parse_snapshot_with_limits(&p, &few),
+        Err(SnapshotError::TooLarge { .. })
+    ));
+}
+
+#[test]
+fn dup_shares_and_leftovers_are_refused() {
+    // DUP pushes the same list again (shared, not copied); a pickle that leaves values on the
+    // stack at STOP is not one Python's pickler writes
     let mut p = b"\x80\x04](".to_vec();
     for _ in 0..100_000 {
         p.extend_from_slice(b"K\x01");
@@ -405,7 +450,47 @@ fn memo_expansion_bombs_are_refused() {
     p.push(b'e');
     p.extend(std::iter::repeat_n(b'2', 10_000));
     p.push(b'.');
-    too_large(&p);
+    assert!(matches!(parse_err(&p), SnapshotError::NotPickle { .. }));
+    let few = ReadLimits {
+        max_values: 105_000,
+        ..ReadLimits::default()
+    };
+    assert!(matches!(
+        parse_snapshot_with_limits(&p, &few),
+        Err(SnapshotError::TooLarge { .. })
+    ));
+}
+
+#[test]
+fn memo_indexes_cycles_and_long_integers() {
+    // a memo index of 2^32 - 1 is stored sparsely, not as a 4-billion-slot table
+    let v = snapshot_with_annotations(b"K\x05r\xff\xff\xff\xff0j\xff\xff\xff\xff");
+    assert!(parse_snapshot(&v).is_ok());
+    // reading a slot never written
+    let v = snapshot_with_annotations(b"j\xfe\xff\xff\xff");
+    let err = parse_err(&v);
+    assert!(matches!(err, SnapshotError::NotPickle { .. }), "{err}");
+    assert!(err.to_string().contains("4294967294"), "{err}");
+    // a list appended into itself, a dict put into itself
+    for cycle in [&b"]\x94h\x00a"[..], b"}\x94\x8c\x01kh\x00s"] {
+        let err = parse_err(&snapshot_with_annotations(cycle));
+        assert!(matches!(err, SnapshotError::NotPickle { .. }), "{err}");
+    }
+    // changing a list after it was put into another
+    let err = parse_err(&snapshot_with_annotations(b"]\x94]h\x00a0h\x00K\x01a"));
+    assert!(matches!(err, SnapshotError::NotPickle { .. }), "{err}");
+    // LONG4 whose 20 bytes run past the end; LONG4 of 2^31 - 1 bytes; negative length
+    let err = parse_err(b"\x80\x04\x8b\x14\x00\x00\x00\x01\x02");
+    assert!(matches!(err, SnapshotError::Truncated { .. }), "{err}");
+    let err = parse_err(b"\x80\x04\x8b\xff\xff\xff\x7f\x01\x02.");
+    assert!(matches!(err, SnapshotError::TooLarge { .. }), "{err}");
+    let err = parse_err(b"\x80\x04\x8b\xff\xff\xff\xff\x01\x02.");
+    assert!(matches!(err, SnapshotError::NotPickle { .. }), "{err}");
+    // LONG1 and LONG4 integers that fit 64 bits read as such
+    let v = snapshot_with_annotations(
+        b"\x8a\x09\xff\xff\xff\xff\xff\xff\xff\xff\xff0\x8b\x02\x00\x00\x00\x01\x00",
+    );
+    assert!(parse_snapshot(&v).is_ok());
 }
 
 #[test]

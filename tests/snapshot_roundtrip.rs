@@ -9,8 +9,8 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use cachalot_tools::snapshot::{
-    Action, AllocatorSettings, BlockState, BlockStatus, DeviceTrace, SegmentState, SegmentType,
-    Snapshot, StackId, TraceEntry, parse_snapshot, FrameTable, Frame, read_snapshot, write_snapshot,
+    Action, AllocatorSettings, BlockState, BlockStatus, DeviceTrace, FrameTable, SegmentState,
+    SegmentType, Snapshot, StackId, TraceEntry, parse_snapshot, read_snapshot, write_snapshot,
 };
 
 mod common;
@@ -150,7 +150,10 @@ fn tiny() -> Snapshot {
 fn a_hand_built_snapshot_round_trips() {
     let snap = tiny();
     let bytes = write(&snap);
-    assert!(bytes.starts_with(b"\x80\x04"), "the writer writes protocol 4");
+    assert!(
+        bytes.starts_with(b"\x80\x04"),
+        "the writer writes protocol 4"
+    );
     if let Some(out) = std::env::var_os("CACHALOT_WRITE_ROUNDTRIP_DIR").map(PathBuf::from) {
         std::fs::create_dir_all(&out).unwrap();
         std::fs::write(out.join("hand_built.pickle"), &bytes).unwrap();

@@ -313,10 +313,17 @@ struct Machine<'l> {
 
 /// Decodes the pickle that `src` holds (already decompressed); `gzip` says whether read
 /// errors come from a gzip decoder.
-pub(crate) fn decode(src: impl Read, gzip: bool, limits: &ReadLimits) -> Result<Pickle> {
+/// `size_hint` (the input's size when known) keeps the read buffer small for small inputs.
+pub(crate) fn decode(
+    src: impl Read,
+    gzip: bool,
+    size_hint: Option<usize>,
+    limits: &ReadLimits,
+) -> Result<Pickle> {
+    let capacity = size_hint.map_or(BUFFER, |n| n.clamp(64, BUFFER));
     let mut input = Input {
         src,
-        buf: vec![0u8; BUFFER].into_boxed_slice(),
+        buf: vec![0u8; capacity].into_boxed_slice(),
         pos: 0,
         end: 0,
         read: 0,
@@ -391,14 +398,12 @@ impl Machine<'_> {
     fn run<R: Read>(&mut self, input: &mut Input<R>) -> Result<Value> {
         loop {
             let at = input.offset();
-            let op = input
-                .byte("the pickle")
-                .map_err(|e| match e {
-                    DecodeError::Truncated(_) => DecodeError::Truncated(format!(
-                        "the input ends at byte {at} before the pickle's STOP opcode"
-                    )),
-                    e => e,
-                })?;
+            let op = input.byte("the pickle").map_err(|e| match e {
+                DecodeError::Truncated(_) => DecodeError::Truncated(format!(
+                    "the input ends at byte {at} before the pickle's STOP opcode"
+                )),
+                e => e,
+            })?;
             match op {
                 0x80 => {
                     let v = input.byte("PROTO")?;
@@ -520,7 +525,11 @@ impl Machine<'_> {
                     self.bytes(input, n, "BINBYTES")?
                 }
                 0x8e | 0x96 => {
-                    let what = if op == 0x8e { "BINBYTES8" } else { "BYTEARRAY8" };
+                    let what = if op == 0x8e {
+                        "BINBYTES8"
+                    } else {
+                        "BYTEARRAY8"
+                    };
                     let n = u64::from_le_bytes(input.array(what)?);
                     self.bytes(input, n, what)?
                 }
@@ -662,7 +671,6 @@ impl Machine<'_> {
         Ok(self.stack[self.stack.len() - 1])
     }
 
-
     fn pop_mark(&mut self, what: &str) -> Result<usize> {
         self.marks
             .pop()
@@ -672,7 +680,9 @@ impl Machine<'_> {
     fn below_mark(&self, mark: usize, what: &str) -> Result<Value> {
         let floor = self.marks.last().copied().unwrap_or(0);
         if mark == 0 || mark - 1 < floor {
-            return Err(not_pickle(format!("{what} with no container below its MARK")));
+            return Err(not_pickle(format!(
+                "{what} with no container below its MARK"
+            )));
         }
         Ok(self.stack[mark - 1])
     }
@@ -776,7 +786,9 @@ impl Machine<'_> {
     /// The id of the open (not frozen) container `target` that an opcode adds to.
     fn open(&self, target: Value, what: &str) -> Result<u32> {
         let Value::Node(id) = target else {
-            return Err(not_pickle(format!("{what} to a value that is not a container")));
+            return Err(not_pickle(format!(
+                "{what} to a value that is not a container"
+            )));
         };
         let id = self.meta[id as usize].canon;
         let ok = match (&self.nodes[id as usize], what) {

@@ -80,7 +80,7 @@ pub fn read_snapshot_with_limits(
     }
     let mut reader = BufReader::with_capacity(64 << 10, file);
     let gzip = reader.fill_buf().map_err(io)?.starts_with(&[0x1f, 0x8b]);
-    parse_from(reader, gzip, &name, limits)
+    parse_from(reader, gzip, None, &name, limits)
 }
 
 /// Parses a snapshot from bytes (a pickle, or a gzip-compressed pickle recognised by its magic
@@ -95,19 +95,21 @@ pub fn parse_snapshot_with_limits(
     limits: &ReadLimits,
 ) -> Result<Snapshot, SnapshotError> {
     let gzip = bytes.starts_with(&[0x1f, 0x8b]);
-    parse_from(bytes, gzip, "<bytes>", limits)
+    let hint = (!gzip).then_some(bytes.len());
+    parse_from(bytes, gzip, hint, "<bytes>", limits)
 }
 
 fn parse_from(
     src: impl Read,
     gzip: bool,
+    size_hint: Option<usize>,
     name: &str,
     limits: &ReadLimits,
 ) -> Result<Snapshot, SnapshotError> {
     let decoded = if gzip {
-        pickle::decode(flate2::read::MultiGzDecoder::new(src), true, limits)
+        pickle::decode(flate2::read::MultiGzDecoder::new(src), true, None, limits)
     } else {
-        pickle::decode(src, false, limits)
+        pickle::decode(src, false, size_hint, limits)
     };
     let file = || name.to_string();
     let pickle = decoded.map_err(|e| match e {
@@ -137,9 +139,14 @@ pub fn decode_stats(bytes: &[u8]) -> Result<(u64, usize), String> {
     let gzip = bytes.starts_with(&[0x1f, 0x8b]);
     let limits = ReadLimits::default();
     let p = if gzip {
-        pickle::decode(flate2::read::MultiGzDecoder::new(bytes), true, &limits)
+        pickle::decode(
+            flate2::read::MultiGzDecoder::new(bytes),
+            true,
+            None,
+            &limits,
+        )
     } else {
-        pickle::decode(bytes, false, &limits)
+        pickle::decode(bytes, false, None, &limits)
     }
     .map_err(|e| format!("{e:?}"))?;
     Ok((p.stored_values(), p.num_nodes()))
@@ -409,7 +416,10 @@ impl<'a> Converter<'a> {
         let pairs = self.dict(v, at)?;
         let [name, filename, line] = fields(self.p, pairs, ["name", "filename", "line"]);
         let field = |f: &'static str| move || format!("{}.{f}", at());
-        let name = self.str(name.ok_or_else(|| self.missing(&field("name")))?, &field("name"))?;
+        let name = self.str(
+            name.ok_or_else(|| self.missing(&field("name")))?,
+            &field("name"),
+        )?;
         let filename = self.str(
             filename.ok_or_else(|| self.missing(&field("filename")))?,
             &field("filename"),
@@ -462,16 +472,16 @@ impl<'a> Converter<'a> {
         let req = |v: Option<Value>, field: &'static str| -> Result<Value, SnapshotError> {
             v.ok_or_else(|| self.missing(&at(field)))
         };
-        let segment_type = match self.str(req(segment_type, "segment_type")?, &at("segment_type"))?
-        {
-            "small" => SegmentType::Small,
-            "large" => SegmentType::Large,
-            other => {
-                return Err(self.not_snapshot(format!(
-                    "segments[{i}].segment_type: {other:?} is neither 'small' nor 'large'"
-                )));
-            }
-        };
+        let segment_type =
+            match self.str(req(segment_type, "segment_type")?, &at("segment_type"))? {
+                "small" => SegmentType::Small,
+                "large" => SegmentType::Large,
+                other => {
+                    return Err(self.not_snapshot(format!(
+                        "segments[{i}].segment_type: {other:?} is neither 'small' nor 'large'"
+                    )));
+                }
+            };
         let address = self.int(req(address, "address")?, &at("address"))?;
         let address = self.unsigned(address, "address", &at("address"))?;
         let total_size = self.int(req(total_size, "total_size")?, &at("total_size"))?;
@@ -673,7 +683,9 @@ impl<'a> Converter<'a> {
             // Python dict keys are unique; a pickle can repeat one, and the last one wins.
             let mut by_key: std::collections::BTreeMap<&str, Value> = Default::default();
             for &(k, v) in d {
-                let key = self.str(k, &|| "allocator_settings.roundup_power2_divisions key".into())?;
+                let key = self.str(k, &|| {
+                    "allocator_settings.roundup_power2_divisions key".into()
+                })?;
                 by_key.insert(key, v);
             }
             for (key, v) in by_key {
