@@ -791,11 +791,10 @@ impl Machine<'_> {
             )));
         };
         let id = self.meta[id as usize].canon;
-        let ok = match (&self.nodes[id as usize], what) {
-            (Node::List(_), "APPEND" | "APPENDS") => true,
-            (Node::Dict(_), "SETITEM" | "SETITEMS") => true,
-            _ => false,
-        };
+        let ok = matches!(
+            (&self.nodes[id as usize], what),
+            (Node::List(_), "APPEND" | "APPENDS") | (Node::Dict(_), "SETITEM" | "SETITEMS")
+        );
         if !ok {
             return Err(not_pickle(format!("{what} to the wrong kind of value")));
         }
@@ -884,7 +883,7 @@ impl Machine<'_> {
 
     /// Moves the stack's key/value pairs from `from` on into dict `id`.
     fn fill_dict(&mut self, id: u32, from: usize, what: &str) -> Result<()> {
-        if (self.stack.len() - from) % 2 != 0 {
+        if !(self.stack.len() - from).is_multiple_of(2) {
             return Err(not_pickle(format!("{what} with an odd number of values")));
         }
         let depth = self.adopt_stack(from);
