@@ -308,3 +308,29 @@ fn python_reads_what_the_writer_writes() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn a_list_equal_to_an_earlier_one_can_still_grow() {
+    // entry 0's frames: [F]; entry 1's frames: [F] (equal to entry 0's, so shared while it
+    // is), then G appended: [F, G]
+    let mut p = b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces]](".to_vec();
+    let head = b"}(\x8c\x06action\x8c\x05alloc\x8c\x04addrK\x01\x8c\x04sizeK\x01\x8c\x06frames";
+    p.extend_from_slice(head);
+    p.extend_from_slice(
+        b"](}(\x8c\x04name\x8c\x01f\x8c\x08filename\x8c\x01x\x8c\x04lineK\x07u\x94eu",
+    );
+    p.extend_from_slice(head);
+    p.extend_from_slice(
+        b"](h\x00e}(\x8c\x04name\x8c\x01g\x8c\x08filename\x8c\x01x\x8c\x04lineK\x08uau",
+    );
+    p.extend_from_slice(b"eau.");
+    let s = parse_snapshot(&p).unwrap();
+    let names = |i: usize| -> Vec<String> {
+        s.frames
+            .stack(s.traces[0].entries[i].stack)
+            .map(|f| f.name.clone())
+            .collect()
+    };
+    assert_eq!(names(0), ["f"]);
+    assert_eq!(names(1), ["f", "g"]);
+}

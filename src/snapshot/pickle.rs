@@ -108,6 +108,9 @@ pub(crate) enum Node {
     Dict(Vec<(Value, Value)>),
     /// Hash-consed into an equal, earlier node.
     Forward(u32),
+    /// An open list holding, so far, exactly the items of the frozen list it names (so that
+    /// the thousands of equal `frames` lists are never stored: a later append copies them).
+    SameAs(u32),
 }
 
 /// What the decoder's hot paths need of a node, kept apart from its content so that it is
@@ -142,7 +145,7 @@ impl Pickle {
     /// The canonical id of node `id` (forwards followed).
     pub(crate) fn canonical(&self, id: u32) -> u32 {
         match self.nodes[id as usize] {
-            Node::Forward(to) => to,
+            Node::Forward(to) | Node::SameAs(to) => to,
             _ => id,
         }
     }
@@ -228,7 +231,7 @@ impl<R: Read> Input<R> {
         ))
     }
 
-    #[inline]
+    #[inline(always)]
     fn byte(&mut self, what: &str) -> Result<u8> {
         if self.pos == self.end && !self.fill()? {
             return Err(self.truncated(what));
@@ -238,7 +241,7 @@ impl<R: Read> Input<R> {
         Ok(b)
     }
 
-    #[inline]
+    #[inline(always)]
     fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
         let mut out = [0u8; N];
         if self.end - self.pos >= N {
@@ -641,7 +644,7 @@ impl Machine<'_> {
     }
 
     /// Checks that `extra` more values fit, stack and marks included.
-    #[inline]
+    #[inline(always)]
     fn check_room(&self, extra: u64) -> Result<()> {
         let held = self.stored + self.stack.len() as u64 + self.marks.len() as u64 + extra;
         if held > self.limits.max_values {
@@ -650,7 +653,7 @@ impl Machine<'_> {
         Ok(())
     }
 
-    #[inline]
+    #[inline(always)]
     fn push(&mut self, v: Value) -> Result<()> {
         self.check_room(1)?;
         self.stack.push(v);
@@ -770,7 +773,7 @@ impl Machine<'_> {
         Ok(())
     }
 
-    #[inline]
+    #[inline(always)]
     fn get(&mut self, idx: u32) -> Result<()> {
         if let Some(&v) = self.memo.get(idx as usize) {
             return self.push(v);
@@ -793,7 +796,8 @@ impl Machine<'_> {
         let id = self.meta[id as usize].canon;
         let ok = matches!(
             (&self.nodes[id as usize], what),
-            (Node::List(_), "APPEND" | "APPENDS") | (Node::Dict(_), "SETITEM" | "SETITEMS")
+            (Node::List(_) | Node::SameAs(_), "APPEND" | "APPENDS")
+                | (Node::Dict(_), "SETITEM" | "SETITEMS")
         );
         if !ok {
             return Err(not_pickle(format!("{what} to the wrong kind of value")));
@@ -808,7 +812,7 @@ impl Machine<'_> {
 
     /// Puts `v` into a container: freezes it (hash-consing a list or tuple) and gives the
     /// value to store and its depth.
-    #[inline]
+    #[inline(always)]
     fn adopt(&mut self, v: Value) -> (Value, u32) {
         let Value::Node(id) = v else {
             return (v, 1);
@@ -828,11 +832,14 @@ impl Machine<'_> {
         let (items, is_list): (&[Value], bool) = match &self.nodes[id as usize] {
             Node::List(items) => (items, true),
             Node::Tuple(items) => (items, false),
+            &Node::SameAs(other) => {
+                self.nodes[id as usize] = Node::Forward(other);
+                self.meta[id as usize].canon = other;
+                return (Value::Node(other), depth);
+            }
             _ => return (Value::Node(id), depth),
         };
-        let mut h = Fx(is_list as u64);
-        items.hash(&mut h);
-        let key = h.0;
+        let key = content_hash(is_list, items);
         match self.consed.get(&key) {
             Some(&other) => {
                 let same = match (&self.nodes[other as usize], &self.nodes[id as usize]) {
@@ -869,6 +876,29 @@ impl Machine<'_> {
     fn fill_list(&mut self, id: u32, from: usize, what: &str) -> Result<()> {
         let depth = self.adopt_stack(from);
         self.finish_fill(id, depth, what)?;
+        let items = &self.stack[from..];
+        match &self.nodes[id as usize] {
+            Node::List(list) if list.is_empty() && !items.is_empty() => {
+                // Equal to a list frozen before? Then share it until something changes.
+                if let Some(&other) = self.consed.get(&content_hash(true, items))
+                    && matches!(&self.nodes[other as usize], Node::List(o) if o[..] == *items)
+                {
+                    self.nodes[id as usize] = Node::SameAs(other);
+                    self.stack.truncate(from);
+                    return Ok(());
+                }
+            }
+            &Node::SameAs(other) => {
+                let copy = match &self.nodes[other as usize] {
+                    Node::List(o) => o.clone(),
+                    _ => Vec::new(),
+                };
+                self.stored += copy.len() as u64;
+                self.check_room(0)?;
+                self.nodes[id as usize] = Node::List(copy);
+            }
+            _ => {}
+        }
         let items = &self.stack[from..];
         if let Node::List(list) = &mut self.nodes[id as usize] {
             if list.is_empty() {
@@ -931,6 +961,13 @@ impl Machine<'_> {
         self.stored += items.len() as u64;
         self.new_node(Node::Tuple(items), depth)
     }
+}
+
+/// The hash-consing key of a list's or tuple's items.
+fn content_hash(is_list: bool, items: &[Value]) -> u64 {
+    let mut h = Fx(is_list as u64);
+    items.hash(&mut h);
+    h.0
 }
 
 fn text_int(t: &[u8], what: &str) -> Result<Value> {

@@ -181,7 +181,7 @@ fn kind(p: &Pickle, v: Value) -> &'static str {
             Node::List(_) => "a list",
             Node::Tuple(_) => "a tuple",
             Node::Dict(_) => "a dict",
-            Node::Forward(_) => "a forward",
+            Node::Forward(_) | Node::SameAs(_) => "a forward",
         },
     }
 }
