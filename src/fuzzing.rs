@@ -417,9 +417,10 @@ pub fn device_faults(data: &[u8]) -> Result<(), String> {
 // Snapshot reader
 // ---------------------------------------------------------------------------------------------
 
-/// The limits the snapshot target reads under: the defaults, but at most 2^16 pickle values, so
-/// that a guard that let an expanding input through shows up as a memory or time failure of
-/// the fuzzer rather than going unnoticed in gigabytes of headroom.
+/// The limits the snapshot target reads under: the defaults, but at most 2^16 stored values,
+/// so that a decoder that stored more than its count says (memo references are shared, never
+/// copied) shows up as a memory or time failure of the fuzzer rather than going unnoticed in
+/// gigabytes of headroom.
 pub const FUZZ_READ_LIMITS: ReadLimits = ReadLimits {
     max_input_bytes: 1 << 30,
     max_values: 1 << 16,
