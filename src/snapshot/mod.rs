@@ -41,7 +41,7 @@
 //! strings, the memo), not by a general unpickler. It builds an arena of nodes where a memo
 //! reference shares the node it refers to instead of copying it, so memory follows the
 //! distinct data: the 39 MB, 128,897-entry `gpt2_generate_large` fixture, whose frame
-//! references would expand to 75 million values, stores about 2.4 million. The file is read
+//! references would expand to 75 million values, stores about 2.9 million. The file is read
 //! in pieces (gzip undone on the way, recognised by its magic bytes), and the decoded values
 //! are converted along the snapshot's fixed shape into plain Rust types, frames interned.
 //!

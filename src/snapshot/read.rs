@@ -27,12 +27,12 @@ pub struct ReadLimits {
     /// Most values the decoder may hold at once (default 2^24): nodes (strings, lists, tuples,
     /// dicts), container items, memo slots and pickle-stack items. Memo references share the
     /// value they refer to, so this counts what is stored, not what the references would
-    /// expand to. A value costs at most about 40 bytes (16 per item, 40 per node), plus the
-    /// bytes of strings, which the input size bounds: the default bounds the decoder to about
-    /// 700 MB. A trace entry with stack frames stores about 20 values (its frames list is
-    /// shared with every entry of the same stack), so the default takes snapshots of over half
-    /// a million entries; the 128,897-entry `gpt2_generate_large` fixture stores about 2.4
-    /// million.
+    /// expand to. A container item or memo slot costs 16 bytes, a node about 60 (its entry,
+    /// bookkeeping and allocation) plus the bytes of a string, which the input size bounds:
+    /// the default bounds the decoder to about 1 GB at worst. A trace entry with stack frames
+    /// stores about 22 values (its frames list is shared with every entry of the same stack),
+    /// so the default takes snapshots of over 700,000 entries; the 128,897-entry
+    /// `gpt2_generate_large` fixture (39 MB) stores 2.9 million.
     pub max_values: u64,
     /// Deepest nesting of values (default 32; a snapshot nests 7 deep, a scalar counting 1).
     pub max_depth: u32,
