@@ -301,7 +301,9 @@ impl Backend for SimDevice {
         if size == 0 || address.checked_add(size).is_none() || self.overlaps(address, size) {
             return Err(BackendError::Device {
                 operation: "adopt",
-                message: format!("{address:#x} (+{size}) is empty, overflows or overlaps a live allocation"),
+                message: format!(
+                    "{address:#x} (+{size}) is empty, overflows or overlaps a live allocation"
+                ),
             });
         }
         if self.used.saturating_add(size) > self.capacity {
@@ -399,7 +401,10 @@ mod tests {
             d.adopt(SIM_BASE_ADDRESS + (2 << 20), 2 << 20),
             Err(BackendError::Device { .. })
         ));
-        assert_eq!(d.adopt(0x1000_0000, 8 << 20), Err(BackendError::OutOfMemory));
+        assert_eq!(
+            d.adopt(0x1000_0000, 8 << 20),
+            Err(BackendError::OutOfMemory)
+        );
         assert_eq!(d.used(), 4 << 20);
         assert_eq!(d.call_counts(), (0, 0));
         // The device places new allocations around the adopted range and frees it as usual.
