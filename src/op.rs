@@ -211,7 +211,7 @@ pub fn build_adopt(raw: &AdoptRaw) -> AdoptSpec {
         u64::from(5 + raw.units % 28) * 4096
     };
     let entries: Vec<(u32, u8, u32, u8)> = if raw.blocks.is_empty() {
-        vec![(0, 0, 0, 0)]
+        vec![(u32::MAX, 0, 0, 0)]
     } else {
         raw.blocks.clone()
     };
@@ -221,7 +221,10 @@ pub fn build_adopt(raw: &AdoptRaw) -> AdoptSpec {
     while rem > 0 {
         let (r_size, r_state, r_req, mask) = entries[i % entries.len()];
         let r = u64::from(r_size);
-        let units = if raw.small {
+        // At most 12 blocks cut at random; the rest is taken in as few blocks as the pool allows.
+        let units = if raw.small && i >= 12 {
+            rem.min(2048)
+        } else if raw.small {
             1 + r % rem.min(2048)
         } else if rem < 2 * 2049 || r.is_multiple_of(4) || i >= 12 {
             rem
