@@ -134,7 +134,7 @@ impl Model {
         if address == 0 {
             return Err("the segment's address is 0".into());
         }
-        if address % MIN_BLOCK_SIZE != 0 {
+        if !address.is_multiple_of(MIN_BLOCK_SIZE) {
             return Err(format!("address {address:#x} is not a multiple of 512"));
         }
         if address.checked_add(size).is_none() {
@@ -147,7 +147,7 @@ impl Model {
                 "a small-pool segment of {size} bytes (must be 2 MiB)"
             ));
         }
-        if !segment.small && (size % ROUND_LARGE != 0 || size < MIN_LARGE_ALLOC) {
+        if !segment.small && (!size.is_multiple_of(ROUND_LARGE) || size < MIN_LARGE_ALLOC) {
             return Err(format!(
                 "a large-pool segment of {size} bytes (must be a multiple of 2 MiB, at least 10 MiB)"
             ));
@@ -158,7 +158,7 @@ impl Model {
         let mut total: u128 = 0;
         for (i, block) in segment.blocks.iter().enumerate() {
             let n = block.size;
-            if n == 0 || n % MIN_BLOCK_SIZE != 0 {
+            if n == 0 || !n.is_multiple_of(MIN_BLOCK_SIZE) {
                 return Err(format!(
                     "block {i}: size {n} is not a nonzero multiple of 512"
                 ));

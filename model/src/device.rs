@@ -99,7 +99,7 @@ impl Device {
     /// overflow, overlapping no live allocation.
     fn usable(&self, address: u64, size: u64) -> bool {
         address != 0
-            && address % 512 == 0
+            && address.is_multiple_of(512)
             && address.checked_add(size).is_some()
             && self
                 .live
