@@ -4,7 +4,7 @@
 //! success or the error and its figures, the address handed out, every statistic, the layout of
 //! every segment, the device's memory — and both must pass their own invariant checks.
 
-use cachalot::{BlockState, CachingCore, Error, SimDevice, StreamId};
+use cachalot::{BackendError, BlockState, CachingCore, Error, SimDevice, StreamId};
 use cachalot_model::{Model, ModelError};
 
 use crate::op::{Op, STREAMS};
@@ -36,6 +36,10 @@ pub enum Outcome {
     UnknownPointer,
     /// A memory fraction outside [0, 1].
     InvalidFraction,
+    /// A segment to adopt that fails rule 18a's checks.
+    InvalidAdoption,
+    /// A segment to adopt that the device has no room for (rule 18b).
+    AdoptionOutOfMemory,
     /// Any other error (a harness bug if it ever appears on one side only).
     Other(String),
 }
@@ -55,6 +59,8 @@ pub fn from_alloc<T>(r: Result<T, Error>, value: impl Fn(T) -> u64) -> Outcome {
         Err(Error::TooLarge { .. }) => Outcome::TooLarge,
         Err(Error::UnknownPointer { .. }) => Outcome::UnknownPointer,
         Err(Error::InvalidFraction { .. }) => Outcome::InvalidFraction,
+        Err(Error::InvalidAdoption { .. }) => Outcome::InvalidAdoption,
+        Err(Error::Backend(BackendError::OutOfMemory)) => Outcome::AdoptionOutOfMemory,
         Err(e) => Outcome::Other(e.to_string()),
     }
 }
@@ -81,6 +87,8 @@ pub fn from_model<T>(r: Result<T, ModelError>, value: impl Fn(T) -> u64) -> Outc
         Err(ModelError::TooLarge { .. }) => Outcome::TooLarge,
         Err(ModelError::UnknownAddress { .. }) => Outcome::UnknownPointer,
         Err(ModelError::InvalidFraction { .. }) => Outcome::InvalidFraction,
+        Err(ModelError::InvalidAdoption { .. }) => Outcome::InvalidAdoption,
+        Err(ModelError::AdoptionOutOfMemory { .. }) => Outcome::AdoptionOutOfMemory,
     }
 }
 
@@ -249,6 +257,19 @@ impl Differential {
                     from_alloc(self.alloc.free(addr), |_| 0),
                     from_model(self.model.free(addr), |_| 0),
                 )
+            }
+            Op::Adopt { ref segment } => {
+                let a = from_alloc(self.alloc.adopt_segment(segment.to_allocator()), |_| 0);
+                let m = from_model(self.model.adopt_segment(segment.to_model()), |_| 0);
+                if (&a, &m) == (&Outcome::Ok(0), &Outcome::Ok(0)) {
+                    self.live.extend(segment.allocated());
+                }
+                (a, m)
+            }
+            Op::SetNextAddress { address } => {
+                self.alloc.backend_mut().set_next_address(address);
+                self.model.set_next_address(address);
+                (Outcome::Ok(0), Outcome::Ok(0))
             }
         };
         if a != m {

@@ -269,6 +269,34 @@ impl FaultHarness {
                 }
                 expect_unknown(self.core.free(a))?;
             }
+            Op::Adopt { ref segment } => {
+                let before = (self.core.segments(), self.core.stats().clone());
+                match self.core.adopt_segment(segment.to_allocator()) {
+                    Ok(()) => {
+                        let mut address = segment.address;
+                        for b in &segment.blocks {
+                            if b.state == 1 {
+                                self.live.push((address, b.requested));
+                            }
+                            address += b.size;
+                        }
+                    }
+                    Err(e) => {
+                        let expected = matches!(
+                            e,
+                            Error::InvalidAdoption { .. }
+                                | Error::Backend(BackendError::OutOfMemory)
+                        ) || injected(&e);
+                        if !expected {
+                            return Err(format!("unexpected error adopting a segment: {e}"));
+                        }
+                        if (self.core.segments(), self.core.stats().clone()) != before {
+                            return Err(format!("a refused adoption changed the state: {e}"));
+                        }
+                    }
+                }
+            }
+            Op::SetNextAddress { address } => self.core.backend_mut().set_next_address(address),
         }
         Ok(())
     }

@@ -23,6 +23,9 @@ use crate::scenario::{Knobs, knobs_strategy};
 /// Threads the harness uses.
 pub const THREADS: u8 = 3;
 
+/// The owner recorded for a live block that belongs to no thread (an adopted one).
+const NO_THREAD: u8 = u8::MAX;
+
 /// One step of a threaded scenario.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ThreadOp {
@@ -275,6 +278,23 @@ impl ThreadedDifferential {
                     from_alloc(w.run(move |a| a.free(addr)), |_| 0),
                     from_model(self.model.free_on(thread, addr), |_| 0),
                 )
+            }
+            Op::Adopt { ref segment } => {
+                let seg = segment.to_allocator();
+                let a = from_alloc(self.alloc.with_core(|c| c.adopt_segment(seg)), |_| 0);
+                let m = from_model(self.model.adopt_segment(segment.to_model()), |_| 0);
+                if (&a, &m) == (&Outcome::Ok(0), &Outcome::Ok(0)) {
+                    // Adopted allocations belong to no thread (rule 18c).
+                    self.live
+                        .extend(segment.allocated().into_iter().map(|x| (x, NO_THREAD)));
+                }
+                (a, m)
+            }
+            Op::SetNextAddress { address } => {
+                self.alloc
+                    .with_core(|c| c.backend_mut().set_next_address(address));
+                self.model.set_next_address(address);
+                (Outcome::Ok(0), Outcome::Ok(0))
             }
             #[allow(unreachable_patterns)]
             ref other => (

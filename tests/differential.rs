@@ -94,3 +94,102 @@ fn out_of_memory_and_the_retry_path_agree_in_both() {
         ],
     );
 }
+
+#[test]
+fn adopted_layouts_agree_in_both() {
+    use Op::*;
+    use cachalot_tools::op::{ADOPT_REGION, AdoptBlockSpec, AdoptSpec};
+    let block = |size, state, requested, streams: Vec<u8>| AdoptBlockSpec {
+        size,
+        state,
+        requested,
+        streams,
+    };
+    let small = AdoptSpec {
+        address: ADOPT_REGION + 62 * MIB,
+        size: 2 * MIB,
+        stream: 0,
+        small: true,
+        blocks: vec![
+            block(4096, 1, 4000, vec![]),
+            block(MIB - 4096, 0, 0, vec![]),
+            block(MIB, 2, 700, vec![1, 2]),
+        ],
+    };
+    // Ends at the device's base address: placement must go around it.
+    let large = AdoptSpec {
+        address: ADOPT_REGION + 64 * MIB,
+        size: 20 * MIB,
+        stream: 1,
+        small: false,
+        blocks: vec![
+            block(4 * MIB, 0, 0, vec![]),
+            block(16 * MIB, 1, 15 * MIB, vec![]),
+        ],
+    };
+    run(
+        Knobs::pytorch(1 << 30),
+        vec![
+            Adopt { segment: small },
+            Adopt { segment: large },
+            SetNextAddress {
+                address: Some(ADOPT_REGION + 86 * MIB),
+            },
+            Malloc {
+                size: 3 * MIB,
+                stream: 1,
+            },
+            Malloc {
+                size: 3 * MIB,
+                stream: 1,
+            },
+            Malloc {
+                size: 100,
+                stream: 0,
+            },
+            RecordStream { pick: 0, stream: 2 },
+            Free { pick: 0 },
+            CompleteStream { stream: 1 },
+            Malloc {
+                size: 100,
+                stream: 0,
+            },
+            CompleteStream { stream: 2 },
+            Malloc {
+                size: MIB,
+                stream: 0,
+            },
+            EmptyCache,
+        ],
+    );
+}
+
+#[test]
+fn the_adoption_strategy_makes_valid_and_invalid_layouts() {
+    use cachalot_tools::differential::Differential;
+    use cachalot_tools::op::adopt_strategy;
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+    let mut runner = TestRunner::deterministic();
+    let (mut adopted, mut refused, mut blocks) = (0, 0, 0);
+    for _ in 0..300 {
+        let segment = adopt_strategy().new_tree(&mut runner).unwrap().current();
+        let mut d = Differential::new(&Knobs::pytorch(1 << 30)).unwrap();
+        let n = segment.blocks.len();
+        d.apply(&Op::Adopt { segment }).unwrap();
+        if d.alloc.segments().is_empty() {
+            refused += 1;
+        } else {
+            adopted += 1;
+            blocks += n;
+        }
+    }
+    assert!(
+        adopted > 200 && refused > 30,
+        "{adopted} adopted, {refused} refused"
+    );
+    assert!(
+        blocks > 2 * adopted,
+        "{blocks} blocks in {adopted} segments"
+    );
+}

@@ -48,6 +48,13 @@ pub enum Error {
     /// The settings are invalid.
     #[error(transparent)]
     Settings(#[from] SettingsError),
+    /// A segment to adopt (`CachingCore::adopt_segment`, rule 18) that the policy could not
+    /// have made, or that overlaps a segment the allocator holds. Nothing was changed.
+    #[error("invalid adoption: {reason}")]
+    InvalidAdoption {
+        /// Which check failed.
+        reason: String,
+    },
     /// The device failed; the operation did not happen.
     #[error(transparent)]
     Backend(#[from] BackendError),

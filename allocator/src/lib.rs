@@ -43,6 +43,6 @@ pub use cuda::{CudaAllocator, CudaError, DeviceBlock, DeviceBuffer};
 pub use error::{Error, OutOfMemory};
 pub use frontend::Allocator;
 pub use history::{TraceAction, TraceEvent};
-pub use policy::{BlockInfo, CachingCore, SegmentInfo};
+pub use policy::{AdoptedBlock, AdoptedSegment, AdoptedState, BlockInfo, CachingCore, SegmentInfo};
 pub use settings::{Settings, SettingsError};
 pub use stats::{Stat, StatArray, Stats};

@@ -94,4 +94,19 @@ pub enum ModelError {
         /// The fraction given.
         fraction: f64,
     },
+    /// A segment to adopt that the policy could not have made, or that overlaps a segment
+    /// held (rule 18a). Nothing changed.
+    #[error("invalid adoption: {reason}")]
+    InvalidAdoption {
+        /// Which check failed.
+        reason: String,
+    },
+    /// The device has no room for a segment to adopt (rule 18b). Nothing changed.
+    #[error("cannot adopt {size} bytes: the device has {device_free} bytes free")]
+    AdoptionOutOfMemory {
+        /// The segment's size.
+        size: u64,
+        /// The device's free memory.
+        device_free: u64,
+    },
 }

@@ -1,10 +1,12 @@
 //! The simulated device (ARCHITECTURE.md, "The simulated device").
 //!
 //! A capacity in bytes; an allocation succeeds when `used + size ≤ capacity` and the device
-//! is not told to fail; its address is the next one of the address script when one is left,
-//! else the lowest address at or above [`DEVICE_BASE`], aligned to 2 MiB, whose range overlaps
-//! no live allocation. The device keeps its own list of live allocations, so that the
-//! invariant checker can compare it with the model's segments.
+//! is not told to fail; its address is the next address when one is set and usable, else the
+//! next usable one of the address script (unusable ones are consumed and skipped), else the
+//! lowest address at or above [`DEVICE_BASE`], aligned to 2 MiB, whose range overlaps no live
+//! allocation. Usable: nonzero, a multiple of 512, no overflow, overlapping no live range.
+//! Adopted ranges (rule 18) are live like allocated ones. The device keeps its own list of
+//! live allocations, so that the invariant checker can compare it with the model's segments.
 
 /// The lowest address the device hands out when no script address is left.
 pub(crate) const DEVICE_BASE: u64 = 0x7f00_0000_0000;
@@ -17,6 +19,8 @@ pub(crate) struct Device {
     capacity: u64,
     /// The script addresses not yet handed out, in order.
     script: Vec<u64>,
+    /// The address the next successful allocation takes, if usable (`set_next_address`).
+    next: Option<u64>,
     /// How many of the next allocation attempts must report out-of-memory.
     failures_ahead: u32,
     /// Live allocations as `(address, size)`, in allocation order.
@@ -36,6 +40,7 @@ impl Device {
         Device {
             capacity,
             script,
+            next: None,
             failures_ahead: 0,
             live: Vec::new(),
         }
@@ -70,13 +75,58 @@ impl Device {
         if size > self.capacity - self.used() {
             return None;
         }
-        let address = if self.script.is_empty() {
-            self.lowest_unused_address(size)
-        } else {
-            self.script.remove(0)
+        let address = match self.next.take() {
+            Some(next) if self.usable(next, size) => next,
+            _ => self.scripted_or_lowest(size),
         };
         self.live.push((address, size));
         Some(address)
+    }
+
+    /// The next usable script address (consuming the unusable ones before it), else the
+    /// lowest unused one.
+    fn scripted_or_lowest(&mut self, size: u64) -> u64 {
+        while !self.script.is_empty() {
+            let candidate = self.script.remove(0);
+            if self.usable(candidate, size) {
+                return candidate;
+            }
+        }
+        self.lowest_unused_address(size)
+    }
+
+    /// Whether `size` bytes at `address` may be handed out: nonzero, a multiple of 512, no
+    /// overflow, overlapping no live allocation.
+    fn usable(&self, address: u64, size: u64) -> bool {
+        address != 0
+            && address.is_multiple_of(512)
+            && address.checked_add(size).is_some()
+            && self
+                .live
+                .iter()
+                .all(|&(a, s)| !overlaps(address, size, a, s))
+    }
+
+    /// Sets (or, with `None`, clears) the address the next successful allocation takes when
+    /// it is usable; any successful allocation clears it.
+    pub(crate) fn set_next_address(&mut self, address: Option<u64>) {
+        self.next = address;
+    }
+
+    /// Rule 18: `size` bytes at `address` are already allocated; they count as used from now
+    /// on. False (nothing changes) when they do not fit the capacity left or overlap a live
+    /// range.
+    pub(crate) fn adopt(&mut self, address: u64, size: u64) -> bool {
+        if size > self.capacity - self.used()
+            || self
+                .live
+                .iter()
+                .any(|&(a, s)| overlaps(address, size, a, s))
+        {
+            return false;
+        }
+        self.live.push((address, size));
+        true
     }
 
     /// Frees the allocation at `address`.
@@ -168,5 +218,52 @@ mod tests {
         assert_eq!(device.allocate(MIB), None);
         // A failed attempt does not use up a script address.
         assert_eq!(device.allocate(MIB), Some(0x4000_0000));
+    }
+
+    #[test]
+    fn unusable_script_addresses_are_skipped() {
+        let mut device = Device::new(1 << 30, vec![0x1000_0000, 0, 0x1000_0200, 0x1000_0100]);
+        assert_eq!(device.allocate(2 * MIB), Some(0x1000_0000));
+        // Zero, overlapping and unaligned entries are consumed without being used.
+        assert_eq!(device.allocate(2 * MIB), Some(DEVICE_BASE));
+        assert!(device.script.is_empty());
+        let mut device = Device::new(1 << 30, vec![u64::MAX - 511]);
+        assert_eq!(device.allocate(MIB), Some(DEVICE_BASE));
+    }
+
+    #[test]
+    fn the_next_address_wins_once_and_only_when_usable() {
+        let mut device = Device::new(1 << 30, vec![0x4000_0000]);
+        device.set_next_address(Some(0x2000_0000));
+        assert_eq!(device.allocate(2 * MIB), Some(0x2000_0000));
+        // Cleared by the success; the script was not consumed.
+        assert_eq!(device.allocate(2 * MIB), Some(0x4000_0000));
+        // Overlapping: the device picks as usual, and the next address is cleared.
+        device.set_next_address(Some(0x2000_0000));
+        assert_eq!(device.allocate(2 * MIB), Some(DEVICE_BASE));
+        assert_eq!(device.next, None);
+        // A failed attempt keeps it; None clears it.
+        device.set_next_address(Some(0x6000_0000));
+        device.fail_next(1);
+        assert_eq!(device.allocate(2 * MIB), None);
+        assert_eq!(device.next, Some(0x6000_0000));
+        device.set_next_address(None);
+        assert_eq!(device.allocate(2 * MIB), Some(DEVICE_BASE + 2 * MIB));
+        for bad in [0, 0x6000_0100, u64::MAX - 511] {
+            device.set_next_address(Some(bad));
+            assert_ne!(device.allocate(512), Some(bad));
+        }
+    }
+
+    #[test]
+    fn adopted_ranges_are_live_and_must_fit() {
+        let mut device = Device::new(10 * MIB, Vec::new());
+        assert!(device.adopt(DEVICE_BASE, 4 * MIB));
+        assert!(!device.adopt(DEVICE_BASE + 2 * MIB, 2 * MIB));
+        assert!(!device.adopt(0x1000_0000, 8 * MIB));
+        assert_eq!(device.used(), 4 * MIB);
+        assert_eq!(device.allocate(2 * MIB), Some(DEVICE_BASE + 4 * MIB));
+        device.free(DEVICE_BASE);
+        assert_eq!(device.used(), 2 * MIB);
     }
 }

@@ -13,6 +13,7 @@
 //!
 //! Code comments name the rule of ARCHITECTURE.md each step implements ("Rule 13: split").
 
+mod adopt;
 mod config;
 mod device;
 mod invariants;
@@ -23,6 +24,7 @@ mod state;
 mod stats;
 mod threads;
 
+pub use adopt::{AdoptedBlock, AdoptedSegment, AdoptedState};
 pub use config::{MAX_ALLOC_SIZE, ModelConfig, ModelError};
 pub use state::{BlockState, ModelBlock, ModelSegment};
 pub use stats::{Stat, StatArray, Stats};

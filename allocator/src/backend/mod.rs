@@ -63,4 +63,18 @@ pub trait Backend {
     fn synchronize_event(&mut self, event: EventId) -> Result<(), BackendError>;
     /// Forgets an event the allocator no longer needs.
     fn destroy_event(&mut self, event: EventId);
+    /// Takes note that `size` bytes at `address` are already allocated on the device (rule 18:
+    /// a segment the process held before the allocator was told of it); from now on they are
+    /// freed with [`Backend::free`] like memory [`Backend::allocate`] returned.
+    ///
+    /// The default refuses: a backend that cannot vouch for such a range (the CUDA backend)
+    /// fails with [`BackendError::Device`] and nothing changes.
+    fn adopt(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
+        Err(BackendError::Device {
+            operation: "adopt",
+            message: format!(
+                "adopting an existing segment ({address:#x}, {size} bytes) is not supported by this backend"
+            ),
+        })
+    }
 }

@@ -37,6 +37,7 @@ pub struct SimDevice {
     used: u64,
     segments: BTreeMap<u64, u64>,
     script: VecDeque<u64>,
+    next_address: Option<u64>,
     faults: Faults,
     /// Per stream: events recorded so far, and how many of them have completed.
     streams: HashMap<StreamId, (u64, u64)>,
@@ -54,6 +55,7 @@ impl SimDevice {
             used: 0,
             segments: BTreeMap::new(),
             script: VecDeque::new(),
+            next_address: None,
             faults: Faults::default(),
             streams: HashMap::new(),
             events: HashMap::new(),
@@ -64,10 +66,20 @@ impl SimDevice {
     }
 
     /// Hands out these addresses first, in order (a recorded trace's segment addresses). A
-    /// script address whose range overlaps a live allocation is skipped (consumed, not used).
+    /// script address that is not usable (0, not a multiple of 512, overflowing, or whose range
+    /// overlaps a live allocation) is skipped: consumed, not used.
     pub fn with_address_script(mut self, addresses: impl IntoIterator<Item = u64>) -> SimDevice {
         self.script = addresses.into_iter().collect();
         self
+    }
+
+    /// The next successful allocation takes `address` if it is usable (nonzero, a multiple of
+    /// 512, not overflowing, overlapping no live allocation); else the device picks as usual
+    /// (the script, then the lowest free address). A successful allocation clears it, used or
+    /// not; a failed one leaves it set; `None` clears it. A usable next address does not
+    /// consume a script address.
+    pub fn set_next_address(&mut self, address: Option<u64>) {
+        self.next_address = address;
     }
 
     /// Makes upcoming calls fail (adds to the faults already pending).
@@ -135,17 +147,32 @@ impl SimDevice {
             .is_some_and(|(&a, &s)| a.saturating_add(s) > address)
     }
 
+    fn usable(&self, address: u64, size: u64) -> bool {
+        address != 0
+            && address.is_multiple_of(512)
+            && address.checked_add(size).is_some()
+            && !self.overlaps(address, size)
+    }
+
     fn place(&mut self, size: u64) -> Option<u64> {
+        if let Some(a) = self.next_address
+            && self.usable(a, size)
+        {
+            return Some(a);
+        }
         while let Some(a) = self.script.pop_front() {
-            if a != 0 && a.checked_add(size).is_some() && !self.overlaps(a, size) {
+            if self.usable(a, size) {
                 return Some(a);
             }
         }
         let mut candidate = SIM_BASE_ADDRESS;
-        for (&a, &s) in self
+        // From the last range starting below the base (it may reach past it) onwards.
+        let from = self
             .segments
-            .range(SIM_BASE_ADDRESS.saturating_sub(1 << 40)..)
-        {
+            .range(..SIM_BASE_ADDRESS)
+            .next_back()
+            .map_or(SIM_BASE_ADDRESS, |(&a, _)| a);
+        for (&a, &s) in self.segments.range(from..) {
             let end = a.checked_add(s)?;
             if end <= candidate {
                 continue;
@@ -187,6 +214,7 @@ impl Backend for SimDevice {
             return Err(BackendError::OutOfMemory);
         }
         let address = self.place(size).ok_or(BackendError::OutOfMemory)?;
+        self.next_address = None;
         self.segments.insert(address, size);
         self.used += size;
         self.device_allocs += 1;
@@ -264,6 +292,27 @@ impl Backend for SimDevice {
     fn destroy_event(&mut self, event: EventId) {
         self.events.remove(&event);
     }
+
+    /// Rule 18: the range counts as used from now on. Refused with out-of-memory when it does
+    /// not fit the capacity left, and with a device error when it is empty, overflows or
+    /// overlaps a live allocation. Injected faults do not apply, and it is not counted as an
+    /// allocation in [`SimDevice::call_counts`].
+    fn adopt(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
+        if size == 0 || address.checked_add(size).is_none() || self.overlaps(address, size) {
+            return Err(BackendError::Device {
+                operation: "adopt",
+                message: format!(
+                    "{address:#x} (+{size}) is empty, overflows or overlaps a live allocation"
+                ),
+            });
+        }
+        if self.used.saturating_add(size) > self.capacity {
+            return Err(BackendError::OutOfMemory);
+        }
+        self.segments.insert(address, size);
+        self.used += size;
+        Ok(())
+    }
 }
 
 fn unknown(event: EventId) -> BackendError {
@@ -303,6 +352,73 @@ mod tests {
         assert_eq!(d.allocate(2 << 20).unwrap(), 0x1000_0000);
         // The second script entry overlaps the first allocation: skipped.
         assert_eq!(d.allocate(2 << 20).unwrap(), SIM_BASE_ADDRESS);
+    }
+
+    #[test]
+    fn unusable_script_addresses_are_skipped() {
+        let mut d = SimDevice::new(1 << 30).with_address_script([
+            0x1000_0000,
+            0,
+            0x1000_0200,
+            0x1000_0100,
+            u64::MAX - 511,
+        ]);
+        assert_eq!(d.allocate(2 << 20).unwrap(), 0x1000_0000);
+        // Zero, overlapping, unaligned and overflowing entries are consumed without being used.
+        assert_eq!(d.allocate(2 << 20).unwrap(), SIM_BASE_ADDRESS);
+        assert!(d.script.is_empty());
+    }
+
+    #[test]
+    fn the_next_address_wins_once_and_only_when_usable() {
+        let mut d = SimDevice::new(1 << 30).with_address_script([0x4000_0000]);
+        d.set_next_address(Some(0x2000_0000));
+        assert_eq!(d.allocate(2 << 20).unwrap(), 0x2000_0000);
+        // Cleared by the success; the script was not consumed.
+        assert_eq!(d.allocate(2 << 20).unwrap(), 0x4000_0000);
+        // Overlapping: the device picks as usual, and the next address is cleared.
+        d.set_next_address(Some(0x2000_0000));
+        assert_eq!(d.allocate(2 << 20).unwrap(), SIM_BASE_ADDRESS);
+        assert_eq!(d.next_address, None);
+        // A failed attempt keeps it; None clears it.
+        d.set_next_address(Some(0x6000_0000));
+        d.fail_next_allocs(1);
+        assert!(d.allocate(2 << 20).is_err());
+        assert_eq!(d.next_address, Some(0x6000_0000));
+        d.set_next_address(None);
+        assert_eq!(d.allocate(2 << 20).unwrap(), SIM_BASE_ADDRESS + (2 << 20));
+        for bad in [0, 0x6000_0100, u64::MAX - 511] {
+            d.set_next_address(Some(bad));
+            assert_ne!(d.allocate(512).unwrap(), bad);
+        }
+    }
+
+    #[test]
+    fn adopted_ranges_are_live_and_must_fit() {
+        let mut d = SimDevice::new(10 << 20);
+        d.adopt(SIM_BASE_ADDRESS, 4 << 20).unwrap();
+        assert!(matches!(
+            d.adopt(SIM_BASE_ADDRESS + (2 << 20), 2 << 20),
+            Err(BackendError::Device { .. })
+        ));
+        assert_eq!(
+            d.adopt(0x1000_0000, 8 << 20),
+            Err(BackendError::OutOfMemory)
+        );
+        assert_eq!(d.used(), 4 << 20);
+        assert_eq!(d.call_counts(), (0, 0));
+        // The device places new allocations around the adopted range and frees it as usual.
+        assert_eq!(d.allocate(2 << 20).unwrap(), SIM_BASE_ADDRESS + (4 << 20));
+        d.free(SIM_BASE_ADDRESS, 4 << 20).unwrap();
+        assert_eq!(d.used(), 2 << 20);
+    }
+
+    #[test]
+    fn a_range_below_the_base_that_reaches_past_it_is_avoided() {
+        let mut d = SimDevice::new(1 << 42);
+        d.adopt(SIM_BASE_ADDRESS - (1 << 41), (1 << 41) + (2 << 20))
+            .unwrap();
+        assert_eq!(d.allocate(2 << 20).unwrap(), SIM_BASE_ADDRESS + (2 << 20));
     }
 
     #[test]

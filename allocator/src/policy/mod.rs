@@ -18,7 +18,10 @@ use crate::settings::Settings;
 use crate::sizes::{MAX_ALLOC_SIZE, MIN_BLOCK_SIZE, Pool, SMALL_SIZE, round_size, segment_size};
 use crate::stats::Stats;
 
+mod adopt;
 mod release;
+
+pub use adopt::{AdoptedBlock, AdoptedSegment, AdoptedState};
 
 /// A key of a pool's free set: best fit is the first key at or after `(stream, size, 0)`.
 type FreeKey = (StreamId, u64, u64, BlockId);
