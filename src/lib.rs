@@ -8,5 +8,6 @@ pub mod fuzzing;
 pub mod op;
 pub mod replay;
 pub mod scenario;
+pub mod selfcheck;
 pub mod snapshot;
 pub mod threaded;

@@ -7,12 +7,14 @@
 
 use std::time::Instant;
 
+use cachalot::sizes::Pool;
 use cachalot::{
-    Backend, CachingCore, Error, SegmentInfo, Settings, SimDevice, Stats, StreamId, TraceEvent,
+    AdoptedBlock, AdoptedSegment, AdoptedState, Backend, CachingCore, Error, SegmentInfo, Settings,
+    SimDevice, Stats, StreamId, TraceEvent,
 };
 use serde::Serialize;
 
-use crate::snapshot::{ReplayOp, ReplayProgram};
+use crate::snapshot::{BlockStatus, ReplayOp, ReplayProgram, SegmentType};
 
 /// The stream ids the replayer uses for cross-stream frees: one per held-back block, above
 /// any real stream handle's range.
@@ -31,6 +33,25 @@ pub fn is_side_stream(stream: StreamId) -> bool {
 /// The memory of an H200 as CUDA reports it: the default device size of a replay.
 pub const H200_MEMORY: u64 = 150_109_880_320;
 
+/// What a replay starts from when the trace's recording began in the middle of a process
+/// ([`ReplayProgram::start`] not empty).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StartMode {
+    /// The state PyTorch held, block for block: its segments, the tensors live in them, the
+    /// cross-stream frees in flight and the cached free blocks (rule 18). Right when the
+    /// replayed policy is the one that made that state.
+    #[default]
+    Exact,
+    /// Only the tensors live at the start, allocated in address order through the replayed
+    /// policy before the trace runs (pending ones freed on a side stream at once): what a
+    /// different policy would have held for the same program, without PyTorch's cache.
+    LiveTensors,
+    /// Nothing: the replay starts empty and the trace's frees of blocks allocated before
+    /// recording are dropped (the figures miss what the process held then).
+    Empty,
+}
+
 /// How to replay.
 #[derive(Clone, Debug)]
 pub struct ReplayConfig {
@@ -47,6 +68,8 @@ pub struct ReplayConfig {
     /// Record the allocator's history (PyTorch's trace vocabulary) during the first pass, for
     /// [`ReplayOutcome::history`] (and a snapshot of the replay, `crate::export`).
     pub record_history: bool,
+    /// What the replay starts from.
+    pub start: StartMode,
 }
 
 impl ReplayConfig {
@@ -59,6 +82,7 @@ impl ReplayConfig {
             repeat: 1,
             timeline: false,
             record_history: false,
+            start: StartMode::Exact,
         }
     }
 }
@@ -137,6 +161,9 @@ pub enum ReplayError {
     /// The allocator could not be built with these settings.
     #[error("cannot build the allocator: {0}")]
     Setup(Error),
+    /// The state at the start of the trace could not be set up.
+    #[error("cannot set up the state when recording began: {0}")]
+    Start(Error),
     /// The device failed.
     #[error("device error at operation {op}: {error}")]
     Device {
@@ -152,12 +179,7 @@ pub fn replay(
     program: &ReplayProgram,
     config: &ReplayConfig,
 ) -> Result<ReplayOutcome, ReplayError> {
-    let mut device = SimDevice::new(config.capacity);
-    if config.trace_addresses {
-        device = device.with_address_script(program.segment_addresses.iter().copied());
-    }
-    let core = CachingCore::new(device, config.settings.clone()).map_err(ReplayError::Setup)?;
-    replay_on(core, program, config, |d, s| d.complete_stream(s))
+    replay_with_progress(program, config, &mut |_| {})
 }
 
 /// [`replay`] that reports its progress: `progress(done)` is called every few thousand
@@ -167,12 +189,22 @@ pub fn replay_with_progress(
     config: &ReplayConfig,
     progress: &mut dyn FnMut(usize),
 ) -> Result<ReplayOutcome, ReplayError> {
-    let mut device = SimDevice::new(config.capacity);
-    if config.trace_addresses {
-        device = device.with_address_script(program.segment_addresses.iter().copied());
-    }
+    let device = SimDevice::new(config.capacity);
     let core = CachingCore::new(device, config.settings.clone()).map_err(ReplayError::Setup)?;
-    replay_on_with_progress(core, program, config, |d, s| d.complete_stream(s), progress)
+    let mut offer = |d: &mut SimDevice, a: Option<u64>| d.set_next_address(a);
+    let offer: Option<&mut dyn FnMut(&mut SimDevice, Option<u64>)> = if config.trace_addresses {
+        Some(&mut offer)
+    } else {
+        None
+    };
+    replay_on_full(
+        core,
+        program,
+        config,
+        |d, s| d.complete_stream(s),
+        offer,
+        progress,
+    )
 }
 
 /// Replays `program` on an allocator core over any backend. `complete` tells the backend that a
@@ -189,18 +221,43 @@ pub fn replay_on<B: Backend>(
 
 /// [`replay_on`] that reports its progress as [`replay_with_progress`] does.
 pub fn replay_on_with_progress<B: Backend>(
+    core: CachingCore<B>,
+    program: &ReplayProgram,
+    config: &ReplayConfig,
+    complete: impl FnMut(&mut B, StreamId),
+    progress: &mut dyn FnMut(usize),
+) -> Result<ReplayOutcome, ReplayError> {
+    replay_on_full(core, program, config, complete, None, progress)
+}
+
+/// [`replay_on_with_progress`] with a way to offer the backend the trace's segment address
+/// for the operation about to run: `offer(backend, Some(address))` before an operation during
+/// which the trace made a device allocation at `address`, `offer(backend, None)` after it
+/// ([`ReplayProgram::segment_at`]).
+pub fn replay_on_full<B: Backend>(
     mut core: CachingCore<B>,
     program: &ReplayProgram,
     config: &ReplayConfig,
     mut complete: impl FnMut(&mut B, StreamId),
+    offer: Option<&mut dyn FnMut(&mut B, Option<u64>)>,
     progress: &mut dyn FnMut(usize),
 ) -> Result<ReplayOutcome, ReplayError> {
     if config.record_history {
         core.record_history(true);
     }
     let mut pass = Pass::new(program, config.timeline);
+    pass.set_up_start(&mut core, program, config.start, &mut complete)?;
+    let mut offer = offer;
     let start = Instant::now();
-    pass.run(&mut core, program, true, &mut complete, 0, progress)?;
+    pass.run(
+        &mut core,
+        program,
+        true,
+        &mut complete,
+        &mut offer,
+        0,
+        progress,
+    )?;
     let first_ns = start.elapsed().as_nanos() as f64;
     let stats = core.stats().clone();
     let final_layout = core.segments();
@@ -223,6 +280,7 @@ pub fn replay_on_with_progress<B: Backend>(
                 program,
                 false,
                 &mut complete,
+                &mut None,
                 p * program.ops.len(),
                 progress,
             )?;
@@ -300,19 +358,122 @@ impl Pass {
         }
     }
 
+    /// Puts the allocator in the state the trace's recording began in.
+    fn set_up_start<B: Backend>(
+        &mut self,
+        core: &mut CachingCore<B>,
+        program: &ReplayProgram,
+        mode: StartMode,
+        complete: &mut impl FnMut(&mut B, StreamId),
+    ) -> Result<(), ReplayError> {
+        if program.initial.is_empty() && program.start.segments.is_empty() {
+            return Ok(());
+        }
+        match mode {
+            StartMode::Empty => return Ok(()),
+            StartMode::Exact => {
+                let mut handles = program.initial.iter();
+                for seg in &program.start.segments {
+                    let mut blocks = Vec::with_capacity(seg.blocks.len());
+                    for b in &seg.blocks {
+                        let state = match b.state {
+                            BlockStatus::Inactive => AdoptedState::Free,
+                            live => {
+                                let h = handles.next().filter(|h| h.address == b.address).ok_or(
+                                    ReplayError::Start(Error::InvalidAdoption {
+                                        reason: "the program's start handles do not match its \
+                                                 start layout"
+                                            .into(),
+                                    }),
+                                )?;
+                                self.live[h.id] = b.address;
+                                self.sizes[h.id] = h.requested;
+                                if live == BlockStatus::ActivePendingFree {
+                                    self.live[h.id] = 0;
+                                    self.held_back[h.id] = true;
+                                    AdoptedState::Pending {
+                                        requested: b.requested,
+                                        streams: vec![side_stream(h.id)],
+                                    }
+                                } else {
+                                    self.requested += h.requested;
+                                    AdoptedState::Allocated {
+                                        requested: b.requested,
+                                    }
+                                }
+                            }
+                        };
+                        blocks.push(AdoptedBlock {
+                            size: b.size,
+                            state,
+                        });
+                    }
+                    core.adopt_segment(AdoptedSegment {
+                        address: seg.address,
+                        size: seg.size,
+                        stream: StreamId(seg.stream),
+                        pool: match seg.pool {
+                            SegmentType::Small => Pool::Small,
+                            SegmentType::Large => Pool::Large,
+                        },
+                        blocks,
+                    })
+                    .map_err(ReplayError::Start)?;
+                }
+            }
+            StartMode::LiveTensors => {
+                for h in &program.initial {
+                    let address = match core.malloc(h.requested, StreamId(h.stream)) {
+                        Ok(a) => a,
+                        Err(Error::OutOfMemory(_)) => continue,
+                        Err(e) => return Err(ReplayError::Start(e)),
+                    };
+                    if h.pending {
+                        core.record_stream(address, side_stream(h.id))
+                            .and_then(|()| core.free(address))
+                            .map_err(ReplayError::Start)?;
+                        self.held_back[h.id] = true;
+                    } else {
+                        self.live[h.id] = address;
+                        self.sizes[h.id] = h.requested;
+                        self.requested += h.requested;
+                    }
+                }
+                let _ = complete;
+            }
+        }
+        self.observe(core.stats());
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn run<B: Backend>(
         &mut self,
         core: &mut CachingCore<B>,
         program: &ReplayProgram,
         observe: bool,
         complete: &mut impl FnMut(&mut B, StreamId),
+        offer: &mut Option<&mut dyn FnMut(&mut B, Option<u64>)>,
         done_before: usize,
         progress: &mut dyn FnMut(usize),
     ) -> Result<(), ReplayError> {
         let ops = &program.ops;
+        let mut next_segment = program.segment_at.iter().peekable();
         for (i, op) in ops.iter().enumerate() {
             if i % PROGRESS_EVERY == 0 && i > 0 {
                 progress(done_before + i);
+            }
+            let mut offered = false;
+            if let Some(offer) = offer.as_mut() {
+                while next_segment.peek().is_some_and(|&&(at, _)| at < i) {
+                    next_segment.next();
+                }
+                if let Some(&&(at, address)) = next_segment.peek()
+                    && at == i
+                {
+                    offer(core.backend_mut(), Some(address));
+                    offered = true;
+                }
             }
             match *op {
                 ReplayOp::Alloc { id, size, stream } => {
@@ -371,6 +532,9 @@ impl Pass {
                     core.empty_cache()
                         .map_err(|error| ReplayError::Device { op: i, error })?;
                 }
+            }
+            if offered && let Some(offer) = offer.as_mut() {
+                offer(core.backend_mut(), None);
             }
             if observe {
                 self.observe(core.stats());

@@ -163,9 +163,11 @@ impl Model {
                     "block {i}: size {n} is not a nonzero multiple of 512"
                 ));
             }
-            if segment.small && n > SMALL_SIZE {
+            // Rules 3 and 13: a block in use in the small pool served at most 1 MiB; a free one
+            // may span the whole segment.
+            if segment.small && n > SMALL_SIZE && !matches!(block.state, AdoptedState::Free) {
                 return Err(format!(
-                    "block {i}: {n} bytes in a small-pool segment (at most 1 MiB)"
+                    "block {i}: {n} bytes in use in a small-pool segment (at most 1 MiB)"
                 ));
             }
             if !segment.small && n <= SMALL_SIZE {

@@ -84,12 +84,13 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
 
 fn one(trace: &Trace, settings: Settings, repeat: u32) -> Result<Report, CliError> {
     let config = ReplayConfig {
-        settings,
+        settings: settings.clone(),
         capacity: trace.capacity(None),
         trace_addresses: true,
         repeat: repeat as usize,
         timeline: false,
         record_history: false,
+        start: super::replay::start_mode(trace, &settings),
     };
     let run = execute(trace, &config, BackendKind::Sim, 0)?;
     Ok(Report::new(trace, &config, &run))

@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use cachalot::Settings;
 use cachalot_tools::replay::H200_MEMORY;
 use cachalot_tools::snapshot::{
-    Figures, ReplayOptions, ReplayProgram, Snapshot, read_figures, read_snapshot, replay_ops_with,
+    Figures, ReplayOptions, ReplayProgram, ReplayReport, Snapshot, StartError, StartState,
+    read_figures, read_snapshot, replay_ops_from,
 };
 
 use super::CliError;
@@ -24,6 +25,10 @@ pub struct Trace {
     pub device: usize,
     /// The replay program of that device's trace.
     pub program: ReplayProgram,
+    /// What the conversion of the trace into the program did.
+    pub conversion: ReplayReport,
+    /// The allocator's state when recording began, or why it could not be reconstructed.
+    pub start: Result<StartState, StartError>,
     /// PyTorch's own figures, from NAME.json beside the snapshot.
     pub figures: Option<Figures>,
 }
@@ -147,7 +152,12 @@ pub fn load(path: &Path, device: Option<usize>) -> Result<Trace, CliError> {
         )));
     };
     let options = ReplayOptions::from_settings(snapshot.allocator_settings.as_ref());
-    let (program, _) = replay_ops_with(trace, &options);
+    let start = snapshot.start_of(device);
+    let (program, conversion) = replay_ops_from(
+        trace,
+        &options,
+        start.as_ref().unwrap_or(&StartState::default()),
+    );
     let side = sidecar(path);
     let figures = if side.is_file() {
         match read_figures(&side) {
@@ -165,6 +175,8 @@ pub fn load(path: &Path, device: Option<usize>) -> Result<Trace, CliError> {
         snapshot,
         device,
         program,
+        conversion,
+        start,
         figures,
     })
 }

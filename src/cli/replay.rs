@@ -10,7 +10,8 @@ use std::path::Path;
 
 use cachalot::Settings;
 use cachalot_tools::export::snapshot_of;
-use cachalot_tools::replay::{ReplayConfig, ReplayOutcome, replay_with_progress};
+use cachalot_tools::replay::{ReplayConfig, ReplayOutcome, StartMode, replay_with_progress};
+use cachalot_tools::selfcheck::{SelfCheck, check_final_state};
 use cachalot_tools::snapshot::{Figures, write_snapshot};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
@@ -33,6 +34,11 @@ pub fn run(args: &ReplayArgs) -> Result<(), CliError> {
         repeat: args.repeat as usize,
         timeline: args.plot.is_some(),
         record_history: args.snapshot_out.is_some(),
+        start: StartMode::Exact,
+    };
+    let config = ReplayConfig {
+        start: start_mode(&trace, &config.settings),
+        ..config
     };
     let run = execute(&trace, &config, args.backend, args.gpu)?;
     let report = Report::new(&trace, &config, &run);
@@ -62,6 +68,20 @@ pub fn run(args: &ReplayArgs) -> Result<(), CliError> {
     };
     println!("{text}");
     Ok(())
+}
+
+/// What a replay of `trace` under `settings` starts from: the state PyTorch held, block for
+/// block, when the settings are the ones the trace was recorded under; only the tensors live
+/// then, placed by the replayed policy, when they are not (PyTorch's cached layout is the
+/// product of its own policy); nothing when the start could not be reconstructed.
+pub fn start_mode(trace: &Trace, settings: &Settings) -> StartMode {
+    match &trace.start {
+        Err(_) => StartMode::Empty,
+        Ok(_) if trace.settings(true, true, None).ok().as_ref() == Some(settings) => {
+            StartMode::Exact
+        }
+        Ok(_) => StartMode::LiveTensors,
+    }
 }
 
 /// A replay's outcome and the device it ran on.
@@ -245,9 +265,48 @@ pub struct Report {
     pub empty_cache_at_peak_bytes: u64,
     /// At the peak: free bytes stranded in split segments.
     pub stranded_at_peak_bytes: u64,
+    /// The state when recording began, and what the replay started from.
+    pub start: StartReport,
+    /// Does the replay end in the state PyTorch dumped?
+    pub self_check: SelfCheckReport,
     /// PyTorch's own figures, when a sidecar was found.
     #[serde(flatten)]
     pub pytorch: Option<PytorchFigures>,
+}
+
+/// The state when the trace's recording began, as the report gives it.
+#[derive(Debug, Serialize)]
+pub struct StartReport {
+    /// `fresh` (nothing held: recorded from the process's start, or from an empty cache),
+    /// `reconstructed` (segments were held; rebuilt from the dump), or `unknown` (could not
+    /// be rebuilt).
+    pub state: &'static str,
+    /// What the replay started from: `exact`, `live_tensors` or `empty`.
+    pub replayed_from: StartMode,
+    /// Segments held at the start.
+    pub segments: usize,
+    /// Reserved bytes at the start.
+    pub reserved_bytes: u64,
+    /// Tensors live (or pending on another stream) at the start.
+    pub live_tensors: usize,
+    /// Their requested bytes.
+    pub live_requested_bytes: u64,
+    /// Why the start could not be reconstructed (`unknown` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Frees in the trace of blocks the replay never saw allocated (dropped).
+    pub dropped_frees: usize,
+}
+
+/// The self-check as the report gives it.
+#[derive(Debug, Serialize)]
+pub struct SelfCheckReport {
+    /// Whether the check applies: the replay ran PyTorch's recorded policy from the exact start
+    /// (or a fresh one) on the simulated device.
+    pub applies: bool,
+    /// The comparison itself.
+    #[serde(flatten)]
+    pub check: SelfCheck,
 }
 
 /// PyTorch's figures for the recorded run, from the trace's NAME.json.
@@ -361,6 +420,12 @@ impl Report {
             final_reserved_bytes: out.final_layout.iter().map(|s| s.size).sum(),
             empty_cache_at_peak_bytes: out.empty_cache_at_peak_bytes,
             stranded_at_peak_bytes: out.stranded_at_peak_bytes,
+            start: start_report(trace, config),
+            self_check: SelfCheckReport {
+                applies: config.start == StartMode::Exact
+                    && start_mode(trace, &config.settings) == StartMode::Exact,
+                check: check_final_state(&out.final_layout, &trace.snapshot, trace.device),
+            },
             pytorch: trace.figures.as_ref().map(|f| PytorchFigures::new(f, out)),
         }
     }
@@ -388,6 +453,7 @@ impl Report {
             (None, _) => format!("simulated, {}", human(self.device_total_bytes)),
         };
         line(format!("device     {device}"));
+        line(format!("start      {}", self.start.human()));
         line(String::new());
         let py = self.pytorch.as_ref();
         let col = |v: Option<String>| v.unwrap_or_default();
@@ -486,6 +552,8 @@ impl Report {
                 }
             }
         }
+        line(String::new());
+        line(format!("self-check {}", self.self_check.human()));
         if let Some(path) = plot {
             line(format!("plot       {}", path.display()));
         }
@@ -494,5 +562,105 @@ impl Report {
         }
         s.pop();
         s
+    }
+}
+
+fn start_report(trace: &Trace, config: &ReplayConfig) -> StartReport {
+    let dropped_frees = trace.conversion.unmatched_frees;
+    match &trace.start {
+        Ok(start) => StartReport {
+            state: if start.is_fresh() {
+                "fresh"
+            } else {
+                "reconstructed"
+            },
+            replayed_from: config.start,
+            segments: start.segments.len(),
+            reserved_bytes: start.reserved_bytes(),
+            live_tensors: start.live_blocks().count(),
+            live_requested_bytes: start.live_requested_bytes(),
+            reason: None,
+            dropped_frees,
+        },
+        Err(e) => StartReport {
+            state: "unknown",
+            replayed_from: StartMode::Empty,
+            segments: 0,
+            reserved_bytes: 0,
+            live_tensors: 0,
+            live_requested_bytes: 0,
+            reason: Some(if trace.snapshot.segments.is_empty() {
+                format!("the snapshot holds no segments to walk back from ({e})")
+            } else {
+                e.to_string()
+            }),
+            dropped_frees,
+        },
+    }
+}
+
+impl StartReport {
+    fn human(&self) -> String {
+        match self.state {
+            "fresh" => {
+                "nothing held when recording began (a fresh process or an empty cache)".to_string()
+            }
+            "reconstructed" => {
+                let held = format!(
+                    "recording began mid-run: {} segments ({}) held, {} tensors ({}) live; \
+                     rebuilt from the dump",
+                    grouped(self.segments as u64),
+                    human(self.reserved_bytes),
+                    grouped(self.live_tensors as u64),
+                    human(self.live_requested_bytes)
+                );
+                match self.replayed_from {
+                    StartMode::Exact => {
+                        format!("{held}; replayed from that state, block for block")
+                    }
+                    StartMode::LiveTensors => format!(
+                        "{held}; replayed from those tensors alone, placed by these settings \
+                         (PyTorch's cached blocks are its own policy's)"
+                    ),
+                    StartMode::Empty => format!("{held}; replayed from an empty allocator"),
+                }
+            }
+            _ => format!(
+                "UNKNOWN — the state when recording began could not be rebuilt: {}. Replayed \
+                 from an empty allocator: the figures miss whatever the process held before \
+                 recording ({} frees of earlier blocks dropped)",
+                self.reason.as_deref().unwrap_or("no reason"),
+                grouped(self.dropped_frees as u64)
+            ),
+        }
+    }
+}
+
+impl SelfCheckReport {
+    fn human(&self) -> String {
+        let c = &self.check;
+        if !self.applies {
+            return format!(
+                "not applicable: these settings or this start are not the recorded ones, so the \
+                 replay ends elsewhere ({} segments; PyTorch's dump: {})",
+                grouped(c.replay_segments as u64),
+                grouped(c.dump_segments as u64)
+            );
+        }
+        if c.matches {
+            format!(
+                "the replay ends in the state PyTorch dumped: {} segments, {} blocks, block for \
+                 block",
+                grouped(c.dump_segments as u64),
+                grouped(c.dump_blocks as u64)
+            )
+        } else {
+            format!(
+                "DIFFERS from PyTorch's dump ({} of {} segments equal): {}",
+                grouped(c.equal_segments as u64),
+                grouped(c.dump_segments as u64),
+                c.first_difference.as_deref().unwrap_or("?")
+            )
+        }
     }
 }

@@ -68,6 +68,7 @@ mod frames;
 mod pickle;
 mod read;
 mod replay;
+mod start;
 mod write;
 
 pub use error::SnapshotError;
@@ -78,8 +79,10 @@ pub use read::{
     read_snapshot_with_limits,
 };
 pub use replay::{
-    ReplayOp, ReplayOptions, ReplayProgram, ReplayReport, replay_ops, replay_ops_with,
+    InitialHandle, ReplayOp, ReplayOptions, ReplayProgram, ReplayReport, replay_ops,
+    replay_ops_from, replay_ops_with,
 };
+pub use start::{StartBlock, StartError, StartSegment, StartState, reconstruct_start};
 pub use write::write_snapshot;
 
 /// Largest size or address component a snapshot may carry: PyTorch refuses requests above
@@ -103,13 +106,35 @@ pub struct Snapshot {
 impl Snapshot {
     /// The replay program of every device whose trace is not empty, as `(device, program)`,
     /// with [`ReplayOptions`] taken from the snapshot's allocator settings.
+    ///
+    /// Each program starts from the state reconstructed by [`Snapshot::start_of`], or from an
+    /// empty allocator where that fails.
     pub fn replay_programs(&self) -> Vec<(usize, ReplayProgram)> {
         let options = ReplayOptions::from_settings(self.allocator_settings.as_ref());
         self.traces
             .iter()
             .filter(|t| !t.entries.is_empty())
-            .map(|t| (t.device, replay_ops_with(t, &options).0))
+            .map(|t| {
+                let start = self.start_of(t.device).unwrap_or_default();
+                (t.device, replay_ops_from(t, &options, &start).0)
+            })
             .collect()
+    }
+
+    /// The allocator's state on `device` when recording began, reconstructed from the dumped
+    /// segments by walking that device's trace backwards ([`reconstruct_start`]).
+    pub fn start_of(&self, device: usize) -> Result<StartState, StartError> {
+        let empty = DeviceTrace {
+            device,
+            entries: Vec::new(),
+        };
+        let trace = self.traces.get(device).unwrap_or(&empty);
+        let divisions = self
+            .allocator_settings
+            .as_ref()
+            .map(AllocatorSettings::divisions)
+            .unwrap_or([0; 16]);
+        reconstruct_start(trace, &self.segments, &divisions)
     }
 }
 
@@ -213,6 +238,17 @@ pub struct AllocatorSettings {
     /// `roundup_power2_divisions` per size interval, in the order of PyTorch's keys `"1"`,
     /// `"2"`, `"4"`, … (0 means no power-of-two rounding for that interval).
     pub roundup_power2_divisions: Vec<u64>,
+}
+
+impl AllocatorSettings {
+    /// `roundup_power2_divisions` as one count per size interval (rule 2), 0 where unset.
+    pub fn divisions(&self) -> [u64; 16] {
+        let mut out = [0; 16];
+        for (slot, &d) in out.iter_mut().zip(&self.roundup_power2_divisions) {
+            *slot = d;
+        }
+        out
+    }
 }
 
 /// The recorded trace of one device.

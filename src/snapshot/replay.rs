@@ -2,7 +2,8 @@
 
 use std::collections::HashMap;
 
-use super::{Action, AllocatorSettings, DeviceTrace};
+use super::start::StartState;
+use super::{Action, AllocatorSettings, BlockStatus, DeviceTrace};
 
 /// One operation of a [`ReplayProgram`].
 ///
@@ -51,18 +52,46 @@ pub enum ReplayOp {
 pub struct ReplayProgram {
     /// The operations, in trace order.
     pub ops: Vec<ReplayOp>,
-    /// The addresses of the trace's `segment_alloc` entries, in order: the simulated device
-    /// hands these out, one per device allocation, so that addresses match the trace's.
+    /// The addresses of the trace's `segment_alloc` entries, in trace order.
     pub segment_addresses: Vec<u64>,
+    /// Where each `segment_alloc` happened: `(op, address)` means the trace made a device
+    /// allocation at `address` while serving `ops[op]`. A replayer offers that address to
+    /// the device for that operation only, so an allocation the replay makes where PyTorch
+    /// made none (or the reverse) shifts no later address.
+    pub segment_at: Vec<(usize, u64)>,
+    /// The allocator's state when recording began (empty for a process recorded from its
+    /// start, or when it could not be reconstructed).
+    pub start: StartState,
+    /// The blocks live at the start, as handles `0..initial.len()` (the trace's `Alloc`s
+    /// follow): the frees the trace records for them refer to these handles.
+    pub initial: Vec<InitialHandle>,
+}
+
+/// A block live when recording began, as a handle of a [`ReplayProgram`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InitialHandle {
+    /// The handle.
+    pub id: usize,
+    /// The block's address at the start.
+    pub address: u64,
+    /// The size the program asked for.
+    pub requested: u64,
+    /// The block's stream (its segment's).
+    pub stream: u64,
+    /// Freed by the program before recording began but still in use on another stream: it
+    /// returns to the pool at its `FreeCompleted`.
+    pub pending: bool,
 }
 
 impl ReplayProgram {
     /// The number of handles (`Alloc` ops) in the program.
     pub fn num_handles(&self) -> usize {
-        self.ops
-            .iter()
-            .filter(|op| matches!(op, ReplayOp::Alloc { .. }))
-            .count()
+        self.initial.len()
+            + self
+                .ops
+                .iter()
+                .filter(|op| matches!(op, ReplayOp::Alloc { .. }))
+                .count()
     }
 }
 
@@ -166,13 +195,24 @@ pub fn replay_ops_with(
     trace: &DeviceTrace,
     options: &ReplayOptions,
 ) -> (ReplayProgram, ReplayReport) {
+    replay_ops_from(trace, options, &StartState::default())
+}
+
+/// [`replay_ops_with`] for a trace whose recording began in state `start` (see
+/// [`reconstruct_start`](super::reconstruct_start)): the blocks live then become the program's
+/// first handles ([`ReplayProgram::initial`]), so the trace's frees of them are replayed.
+pub fn replay_ops_from(
+    trace: &DeviceTrace,
+    options: &ReplayOptions,
+    start: &StartState,
+) -> (ReplayProgram, ReplayReport) {
     let entries = &trace.entries;
     let n = entries.len();
 
     // Reserved bytes before each entry, counted from the start of the trace, and their peak.
     let mut reserved_before = Vec::with_capacity(n);
-    let mut reserved: i128 = 0;
-    let mut peak: i128 = 0;
+    let mut reserved: i128 = i128::from(start.reserved_bytes());
+    let mut peak: i128 = reserved;
     for e in entries {
         reserved_before.push(reserved);
         match e.action {
@@ -188,9 +228,31 @@ pub fn replay_ops_with(
         requested: bool,
     }
     let mut live: HashMap<u64, Live> = HashMap::new();
-    let mut program = ReplayProgram::default();
+    let mut program = ReplayProgram {
+        start: start.clone(),
+        ..ReplayProgram::default()
+    };
     let mut report = ReplayReport::default();
     let mut next_id = 0usize;
+    for (seg, block) in start.live_blocks() {
+        let pending = block.state == BlockStatus::ActivePendingFree;
+        live.insert(
+            block.address,
+            Live {
+                id: next_id,
+                requested: pending,
+            },
+        );
+        program.initial.push(InitialHandle {
+            id: next_id,
+            address: block.address,
+            requested: block.requested,
+            stream: seg.stream,
+            pending,
+        });
+        next_id += 1;
+    }
+    let mut pending_segment: Option<u64> = None;
 
     let mut i = 0;
     while i < n {
@@ -210,6 +272,9 @@ pub fn replay_ops_with(
                     .is_some()
                 {
                     report.reused_live_addresses += 1;
+                }
+                if let Some(address) = pending_segment.take() {
+                    program.segment_at.push((program.ops.len(), address));
                 }
                 program.ops.push(ReplayOp::Alloc {
                     id,
@@ -239,7 +304,10 @@ pub fn replay_ops_with(
                 }
                 None => report.unmatched_frees += 1,
             },
-            Action::SegmentAlloc => program.segment_addresses.push(e.addr),
+            Action::SegmentAlloc => {
+                program.segment_addresses.push(e.addr);
+                pending_segment = Some(e.addr);
+            }
             Action::Oom => {
                 // The allocation PyTorch failed: replayed, it fails the same way (its own cache
                 // release included), so it counts in `num_ooms` as PyTorch's did. Its recorded

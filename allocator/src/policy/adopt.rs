@@ -228,9 +228,11 @@ impl<B: Backend> CachingCore<B> {
                 ));
             }
             match pool {
-                Pool::Small if b.size > SMALL_SIZE => {
+                // A free block of the small pool can span its whole 2 MiB segment; one in use
+                // served a request of at most 1 MiB (rules 3 and 13).
+                Pool::Small if b.size > SMALL_SIZE && !matches!(b.state, AdoptedState::Free) => {
                     return Err(format!(
-                        "block {i} of a small-pool segment has {} bytes (at most 1 MiB)",
+                        "block {i} of a small-pool segment is in use with {} bytes (at most 1 MiB)",
                         b.size
                     ));
                 }
@@ -484,6 +486,21 @@ mod tests {
         })
         .unwrap();
         c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_wholly_free_small_segment_is_one_free_block_of_2_mib() {
+        // What PyTorch dumps for a cached small segment nothing uses.
+        let mut c = core();
+        c.adopt_segment(small(vec![free(2 * MIB)])).unwrap();
+        assert_eq!(c.stats().inactive_split_bytes.all.current, 0);
+        assert_eq!(c.stats().reserved_bytes.all.current, (2 * MIB) as i64);
+        // It serves a small request, and empty_cache gives it back.
+        let a = c.malloc(512, StreamId(0)).unwrap();
+        assert_eq!(a, AT);
+        c.free(a).unwrap();
+        c.empty_cache().unwrap();
+        assert_eq!(c.stats().reserved_bytes.all.current, 0);
     }
 
     #[test]

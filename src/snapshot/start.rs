@@ -1,0 +1,523 @@
+//! The allocator's state when recording began, reconstructed from the dump.
+//!
+//! A snapshot holds the allocator's segments *at the dump* and the trace of what happened
+//! before it. Users start recording after a warm-up, or let the ring buffer wrap, so at the
+//! trace's first entry the process already held segments, live tensors, cross-stream frees in
+//! flight and cached free blocks. Walking the trace backwards from the dumped layout, undoing
+//! each entry, gives that state (PyTorch's memory_viz rebuilds its plots the same way):
+//!
+//! - `segment_alloc` undone: the segment (wholly free by then) disappears;
+//!   `segment_free` undone: a wholly free segment of that size and stream appears (2 MiB
+//!   segments are the small pool: large segments are at least 10 MiB, rule 4);
+//! - `alloc` undone: the block becomes free and merges with free neighbours (free blocks are
+//!   always merged, rule 10, and the remainder of a split is the free neighbour);
+//! - `free_requested` undone: the pending block is allocated again;
+//! - `free_completed` undone: the block is carved back out of the free block that holds its
+//!   address, as pending. Its size is the request rounded by rule 2, or — when what is left of
+//!   the free block up to its end is a remainder rule 13 would not have split off (at most
+//!   1 MiB in the large pool; free large blocks are always larger than that) — the whole rest.
+//!
+//! Whatever is inconsistent (an address no block holds, a block in the wrong state, a segment
+//! freed while in use, pages of an expandable segment) stops the walk with a [`StartError`]
+//! that names the entry: the trace did not come from this dump, from this PyTorch version, or
+//! from a policy the walk does not model.
+
+use std::collections::BTreeMap;
+
+use cachalot::sizes::round_size;
+
+use super::{Action, BlockStatus, DeviceTrace, SegmentState, SegmentType};
+
+const SMALL_SEGMENT: u64 = 2 << 20;
+/// Largest free remainder the large pool leaves unsplit (rule 13).
+const LARGE_UNSPLIT: u64 = 1 << 20;
+
+/// A block of a [`StartSegment`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StartBlock {
+    /// The block's address.
+    pub address: u64,
+    /// Its size in bytes.
+    pub size: u64,
+    /// The size the program asked for (0 for a free block).
+    pub requested: u64,
+    /// Allocated, pending (freed by the program, in use on another stream) or free.
+    pub state: BlockStatus,
+}
+
+/// A segment the process held when recording began.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartSegment {
+    /// The segment's address.
+    pub address: u64,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Its stream.
+    pub stream: u64,
+    /// Its pool.
+    pub pool: SegmentType,
+    /// Its blocks in address order.
+    pub blocks: Vec<StartBlock>,
+}
+
+/// The allocator's state at a trace's first entry.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StartState {
+    /// The segments held then, by address; empty for a process recorded from its start.
+    pub segments: Vec<StartSegment>,
+}
+
+impl StartState {
+    /// Whether nothing was held (the recording began with the process, or with an empty cache).
+    pub fn is_fresh(&self) -> bool {
+        self.segments.is_empty()
+    }
+
+    /// Reserved bytes at the start.
+    pub fn reserved_bytes(&self) -> u64 {
+        self.segments.iter().map(|s| s.size).sum()
+    }
+
+    /// The blocks live at the start (allocated or pending), by address.
+    pub fn live_blocks(&self) -> impl Iterator<Item = (&StartSegment, &StartBlock)> {
+        self.segments.iter().flat_map(|s| {
+            s.blocks
+                .iter()
+                .filter(|b| b.state != BlockStatus::Inactive)
+                .map(move |b| (s, b))
+        })
+    }
+
+    /// Requested bytes of the blocks live at the start.
+    pub fn live_requested_bytes(&self) -> u64 {
+        self.live_blocks().map(|(_, b)| b.requested).sum()
+    }
+}
+
+/// Why the start could not be reconstructed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("trace entry {entry} ({action}): {reason}")]
+pub struct StartError {
+    /// The trace entry where the walk stopped (its index in the device trace).
+    pub entry: usize,
+    /// Its action.
+    pub action: String,
+    /// What was inconsistent.
+    pub reason: String,
+}
+
+#[derive(Debug, Clone)]
+struct Seg {
+    size: u64,
+    stream: u64,
+    pool: SegmentType,
+    /// Blocks by address: (size, requested, state).
+    blocks: BTreeMap<u64, (u64, u64, BlockStatus)>,
+}
+
+/// Reconstructs the state at the first entry of `trace` from the dumped `segments` (all
+/// devices; those of `trace.device` are used), walking the trace backwards. `divisions` is
+/// the recorded `roundup_power2_divisions` (rule 2), for the sizes of blocks freed in the trace.
+pub fn reconstruct_start(
+    trace: &DeviceTrace,
+    segments: &[SegmentState],
+    divisions: &[u64; 16],
+) -> Result<StartState, StartError> {
+    let mut state: BTreeMap<u64, Seg> = BTreeMap::new();
+    for s in segments.iter().filter(|s| s.device == trace.device) {
+        let blocks = s
+            .blocks
+            .iter()
+            .map(|b| {
+                let requested = if b.state == BlockStatus::Inactive {
+                    0
+                } else {
+                    b.requested_size
+                };
+                (b.address, (b.size, requested, b.state))
+            })
+            .collect();
+        if s.is_expandable {
+            return Err(StartError {
+                entry: trace.entries.len(),
+                action: "dump".into(),
+                reason: format!(
+                    "segment {:#x} is an expandable segment, which the walk does not model",
+                    s.address
+                ),
+            });
+        }
+        state.insert(
+            s.address,
+            Seg {
+                size: s.total_size,
+                stream: s.stream,
+                pool: s.segment_type,
+                blocks,
+            },
+        );
+    }
+    for (i, e) in trace.entries.iter().enumerate().rev() {
+        let fail = |reason: String| StartError {
+            entry: i,
+            action: e.action.name().to_string(),
+            reason,
+        };
+        match e.action {
+            Action::SegmentAlloc => {
+                let seg = state
+                    .get(&e.addr)
+                    .ok_or_else(|| fail(format!("no segment at {:#x}", e.addr)))?;
+                let whole_free = seg.blocks.len() == 1
+                    && seg
+                        .blocks
+                        .values()
+                        .all(|&(_, _, st)| st == BlockStatus::Inactive);
+                if seg.size != e.size || !whole_free {
+                    return Err(fail(format!(
+                        "segment {:#x} is not one free block of {} bytes before it was made",
+                        e.addr, e.size
+                    )));
+                }
+                state.remove(&e.addr);
+            }
+            Action::SegmentFree => {
+                let end = e
+                    .addr
+                    .checked_add(e.size)
+                    .ok_or_else(|| fail("overflow".into()))?;
+                let overlaps = state
+                    .range(..end)
+                    .next_back()
+                    .is_some_and(|(&a, s)| a + s.size > e.addr);
+                if overlaps || e.size == 0 {
+                    return Err(fail(format!(
+                        "segment {:#x} overlaps one held after it was freed",
+                        e.addr
+                    )));
+                }
+                let pool = if e.size == SMALL_SEGMENT {
+                    SegmentType::Small
+                } else {
+                    SegmentType::Large
+                };
+                let mut blocks = BTreeMap::new();
+                blocks.insert(e.addr, (e.size, 0, BlockStatus::Inactive));
+                state.insert(
+                    e.addr,
+                    Seg {
+                        size: e.size,
+                        stream: e.stream,
+                        pool,
+                        blocks,
+                    },
+                );
+            }
+            Action::Alloc => {
+                let seg = segment_of(&mut state, e.addr)
+                    .ok_or_else(|| fail(format!("no segment holds {:#x}", e.addr)))?;
+                match seg.blocks.get(&e.addr) {
+                    Some(&(_, _, BlockStatus::ActiveAllocated)) => {}
+                    _ => {
+                        return Err(fail(format!(
+                            "no allocated block at {:#x} after it was allocated",
+                            e.addr
+                        )));
+                    }
+                }
+                set_free_and_merge(seg, e.addr);
+            }
+            Action::FreeRequested => {
+                let seg = segment_of(&mut state, e.addr)
+                    .ok_or_else(|| fail(format!("no segment holds {:#x}", e.addr)))?;
+                match seg.blocks.get_mut(&e.addr) {
+                    Some(b) if b.2 == BlockStatus::ActivePendingFree => {
+                        b.2 = BlockStatus::ActiveAllocated
+                    }
+                    _ => {
+                        return Err(fail(format!(
+                            "no pending block at {:#x} after it was freed",
+                            e.addr
+                        )));
+                    }
+                }
+            }
+            Action::FreeCompleted => {
+                let seg = segment_of(&mut state, e.addr)
+                    .ok_or_else(|| fail(format!("no segment holds {:#x}", e.addr)))?;
+                let (&fs, &(fsize, _, fstate)) = seg
+                    .blocks
+                    .range(..=e.addr)
+                    .next_back()
+                    .ok_or_else(|| fail(format!("no block holds {:#x}", e.addr)))?;
+                let fe = fs + fsize;
+                if fstate != BlockStatus::Inactive || e.addr >= fe {
+                    return Err(fail(format!(
+                        "{:#x} is not in a free block after its free completed",
+                        e.addr
+                    )));
+                }
+                let rounded = round_size(e.size.min(cachalot::sizes::MAX_ALLOC_SIZE), divisions);
+                let rest = fe - e.addr;
+                if rounded > rest {
+                    return Err(fail(format!(
+                        "a {rounded}-byte block at {:#x} does not fit its free block",
+                        e.addr
+                    )));
+                }
+                let remainder = rest - rounded;
+                let size = match seg.pool {
+                    SegmentType::Small => rounded,
+                    SegmentType::Large if remainder <= LARGE_UNSPLIT => rest,
+                    SegmentType::Large => rounded,
+                };
+                seg.blocks.remove(&fs);
+                if fs < e.addr {
+                    seg.blocks
+                        .insert(fs, (e.addr - fs, 0, BlockStatus::Inactive));
+                }
+                seg.blocks
+                    .insert(e.addr, (size, e.size, BlockStatus::ActivePendingFree));
+                if e.addr + size < fe {
+                    seg.blocks.insert(
+                        e.addr + size,
+                        (fe - e.addr - size, 0, BlockStatus::Inactive),
+                    );
+                }
+            }
+            Action::SegmentMap | Action::SegmentUnmap => {
+                return Err(fail(
+                    "pages of an expandable segment: the walk does not model them".into(),
+                ));
+            }
+            _ => {}
+        }
+    }
+    Ok(StartState {
+        segments: state
+            .into_iter()
+            .map(|(address, s)| StartSegment {
+                address,
+                size: s.size,
+                stream: s.stream,
+                pool: s.pool,
+                blocks: s
+                    .blocks
+                    .into_iter()
+                    .map(|(a, (size, requested, state))| StartBlock {
+                        address: a,
+                        size,
+                        requested,
+                        state,
+                    })
+                    .collect(),
+            })
+            .collect(),
+    })
+}
+
+fn segment_of(state: &mut BTreeMap<u64, Seg>, addr: u64) -> Option<&mut Seg> {
+    let (&a, seg) = state.range_mut(..=addr).next_back()?;
+    (addr < a + seg.size).then_some(seg)
+}
+
+/// Frees the block at `addr` and merges it with free neighbours.
+fn set_free_and_merge(seg: &mut Seg, addr: u64) {
+    let Some((block_size, _, _)) = seg.blocks.remove(&addr) else {
+        return;
+    };
+    let end = addr + block_size;
+    let mut start = addr;
+    let mut size = block_size;
+    if let Some((&p, &(psize, _, pstate))) = seg.blocks.range(..addr).next_back()
+        && pstate == BlockStatus::Inactive
+        && p + psize == addr
+    {
+        seg.blocks.remove(&p);
+        start = p;
+        size += psize;
+    }
+    if let Some(&(nsize, _, nstate)) = seg.blocks.get(&end)
+        && nstate == BlockStatus::Inactive
+    {
+        seg.blocks.remove(&end);
+        size += nsize;
+    }
+    seg.blocks.insert(start, (size, 0, BlockStatus::Inactive));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::{BlockState, StackId, TraceEntry};
+
+    const MIB: u64 = 1 << 20;
+
+    fn entry(action: Action, addr: u64, size: u64) -> TraceEntry {
+        TraceEntry {
+            action,
+            addr,
+            size,
+            stream: 0,
+            time_us: 0,
+            stack: StackId::EMPTY,
+        }
+    }
+
+    fn segment(address: u64, total: u64, blocks: &[(u64, u64, BlockStatus)]) -> SegmentState {
+        let mut at = address;
+        SegmentState {
+            device: 0,
+            address,
+            total_size: total,
+            allocated_size: 0,
+            active_size: 0,
+            requested_size: 0,
+            stream: 0,
+            segment_type: if total == SMALL_SEGMENT {
+                SegmentType::Small
+            } else {
+                SegmentType::Large
+            },
+            is_expandable: false,
+            stack: StackId::EMPTY,
+            blocks: blocks
+                .iter()
+                .map(|&(size, requested, state)| {
+                    let b = BlockState {
+                        address: at,
+                        size,
+                        requested_size: requested,
+                        state,
+                        stack: StackId::EMPTY,
+                    };
+                    at += size;
+                    b
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_fresh_trace_starts_empty() {
+        let base = 0x7000_0000;
+        let trace = DeviceTrace {
+            device: 0,
+            entries: vec![
+                entry(Action::SegmentAlloc, base, 20 * MIB),
+                entry(Action::Alloc, base, 4 * MIB),
+            ],
+        };
+        let dump = [segment(
+            base,
+            20 * MIB,
+            &[
+                (4 * MIB, 4 * MIB, BlockStatus::ActiveAllocated),
+                (16 * MIB, 0, BlockStatus::Inactive),
+            ],
+        )];
+        let start = reconstruct_start(&trace, &dump, &[0; 16]).unwrap();
+        assert!(start.is_fresh(), "{start:?}");
+    }
+
+    #[test]
+    fn blocks_freed_in_the_trace_were_live_at_the_start() {
+        // Before recording: [A 4 MiB][B 6 MiB][free 10 MiB]. The trace frees B, allocates C
+        // of 3 MiB where B was, and frees A.
+        let base = 0x7000_0000;
+        let trace = DeviceTrace {
+            device: 0,
+            entries: vec![
+                entry(Action::FreeRequested, base + 4 * MIB, 6 * MIB),
+                entry(Action::FreeCompleted, base + 4 * MIB, 6 * MIB),
+                entry(Action::Alloc, base + 4 * MIB, 3 * MIB),
+                entry(Action::FreeRequested, base, 4 * MIB - 100),
+                entry(Action::FreeCompleted, base, 4 * MIB - 100),
+            ],
+        };
+        let dump = [segment(
+            base,
+            20 * MIB,
+            &[
+                (4 * MIB, 0, BlockStatus::Inactive),
+                (3 * MIB, 3 * MIB, BlockStatus::ActiveAllocated),
+                (13 * MIB, 0, BlockStatus::Inactive),
+            ],
+        )];
+        let start = reconstruct_start(&trace, &dump, &[0; 16]).unwrap();
+        let blocks = &start.segments[0].blocks;
+        let sizes: Vec<_> = blocks
+            .iter()
+            .map(|b| (b.size, b.requested, b.state))
+            .collect();
+        assert_eq!(
+            sizes,
+            vec![
+                (4 * MIB, 4 * MIB - 100, BlockStatus::ActiveAllocated),
+                (6 * MIB, 6 * MIB, BlockStatus::ActiveAllocated),
+                (10 * MIB, 0, BlockStatus::Inactive),
+            ]
+        );
+        assert_eq!(start.live_requested_bytes(), 10 * MIB - 100);
+    }
+
+    #[test]
+    fn an_unsplit_remainder_belongs_to_the_block() {
+        // A block of 5.5 MiB at the end of a segment was freed: rounding gives 5 MiB, but the
+        // 0.5 MiB after it cannot be a free block of the large pool, so it was the block's.
+        let base = 0x7000_0000;
+        let trace = DeviceTrace {
+            device: 0,
+            entries: vec![entry(
+                Action::FreeCompleted,
+                base + 14 * MIB + MIB / 2,
+                5 * MIB,
+            )],
+        };
+        let dump = [segment(
+            base,
+            20 * MIB,
+            &[
+                (14 * MIB + MIB / 2, 1, BlockStatus::ActiveAllocated),
+                (5 * MIB + MIB / 2, 0, BlockStatus::Inactive),
+            ],
+        )];
+        let start = reconstruct_start(&trace, &dump, &[0; 16]).unwrap();
+        let b = start.segments[0].blocks[1];
+        assert_eq!(
+            (b.size, b.state),
+            (5 * MIB + MIB / 2, BlockStatus::ActivePendingFree)
+        );
+    }
+
+    #[test]
+    fn segments_freed_in_the_trace_existed_at_the_start_and_made_ones_did_not() {
+        let trace = DeviceTrace {
+            device: 0,
+            entries: vec![
+                entry(Action::SegmentFree, 0x1000_0000, 2 * MIB),
+                entry(Action::SegmentAlloc, 0x2000_0000, 20 * MIB),
+            ],
+        };
+        let dump = [segment(
+            0x2000_0000,
+            20 * MIB,
+            &[(20 * MIB, 0, BlockStatus::Inactive)],
+        )];
+        let start = reconstruct_start(&trace, &dump, &[0; 16]).unwrap();
+        assert_eq!(start.segments.len(), 1);
+        assert_eq!(start.segments[0].address, 0x1000_0000);
+        assert_eq!(start.segments[0].pool, SegmentType::Small);
+    }
+
+    #[test]
+    fn a_trace_that_does_not_match_the_dump_is_refused_with_the_entry() {
+        let trace = DeviceTrace {
+            device: 0,
+            entries: vec![entry(Action::Alloc, 0x5000_0000, 4 * MIB)],
+        };
+        let err = reconstruct_start(&trace, &[], &[0; 16]).unwrap_err();
+        assert_eq!(err.entry, 0);
+        assert!(err.reason.contains("no segment holds"), "{err}");
+    }
+}
