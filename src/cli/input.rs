@@ -10,7 +10,7 @@ use cachalot::Settings;
 use cachalot_tools::replay::H200_MEMORY;
 use cachalot_tools::snapshot::{
     Figures, ReplayOptions, ReplayProgram, ReplayReport, Snapshot, StartError, StartState,
-    read_figures, read_snapshot, replay_ops_from,
+    read_figures_for, read_snapshot, replay_ops_from,
 };
 
 use super::CliError;
@@ -160,7 +160,7 @@ pub fn load(path: &Path, device: Option<usize>) -> Result<Trace, CliError> {
     );
     let side = sidecar(path);
     let figures = if side.is_file() {
-        match read_figures(&side) {
+        match read_figures_for(&side, device) {
             Ok(f) => Some(f),
             Err(e) => {
                 eprintln!("cachalot: ignoring the figures beside the trace: {e}");

@@ -332,6 +332,9 @@ pub struct PytorchFigures {
     pub pytorch_matches: bool,
     /// The figures that differ, as "what: cachalot X, PyTorch Y".
     pub pytorch_differences: Vec<String>,
+    /// The figures compared: PyTorch's peaks only when they count from the trace's start,
+    /// its counters only when the recording began with the process.
+    pub pytorch_compared: Vec<String>,
 }
 
 impl PytorchFigures {
@@ -364,8 +367,22 @@ impl PytorchFigures {
             ),
             ("ooms", out.ooms.into(), f.stat("num_ooms")),
         ];
+        // PyTorch's cumulative counters count from the process's start, its peaks from their
+        // last reset: compare only what covers the same window as the trace.
+        let whole = f.recorded_from_the_start();
+        let peaks = f.reset_after.is_none();
+        let comparable = |what: &str| match what {
+            "peak reserved" | "peak allocated" => peaks,
+            _ => whole && peaks,
+        };
+        let compared: Vec<String> = checks
+            .iter()
+            .filter(|&&(what, _, theirs)| comparable(what) && theirs.is_some())
+            .map(|&(what, _, _)| what.to_string())
+            .collect();
         let differences: Vec<String> = checks
             .iter()
+            .filter(|&&(what, _, _)| comparable(what))
             .filter_map(|&(what, ours, theirs)| {
                 let theirs = theirs?;
                 (ours != i128::from(theirs))
@@ -383,6 +400,7 @@ impl PytorchFigures {
             pytorch_ooms: f.stat("num_ooms"),
             pytorch_matches: differences.is_empty(),
             pytorch_differences: differences,
+            pytorch_compared: compared,
         }
     }
 }
@@ -537,10 +555,18 @@ impl Report {
         ));
         if let Some(p) = py {
             line(String::new());
-            if p.pytorch_matches {
+            if p.pytorch_compared.is_empty() {
                 line(format!(
-                    "matches PyTorch {} on {} to the byte (peak reserved, peak allocated, segments, device allocs and frees, OOMs)",
-                    p.pytorch_version, p.pytorch_gpu_name
+                    "PyTorch {}'s figures cover another window than the trace (peaks reset inside \
+                     it, counters since the process began): not compared",
+                    p.pytorch_version
+                ));
+            } else if p.pytorch_matches {
+                line(format!(
+                    "matches PyTorch {} on {} to the byte ({})",
+                    p.pytorch_version,
+                    p.pytorch_gpu_name,
+                    p.pytorch_compared.join(", ")
                 ));
             } else {
                 line(format!(

@@ -72,7 +72,7 @@ mod start;
 mod write;
 
 pub use error::SnapshotError;
-pub use figures::{Figures, read_figures};
+pub use figures::{Figures, read_figures, read_figures_for};
 pub use frames::{Frame, FrameId, FrameTable, StackId};
 pub use read::{
     ReadLimits, decode_stats, parse_snapshot, parse_snapshot_with_limits, read_snapshot,
