@@ -33,6 +33,10 @@ pub fn is_side_stream(stream: StreamId) -> bool {
 /// The memory of an H200 as CUDA reports it: the default device size of a replay.
 pub const H200_MEMORY: u64 = 150_109_880_320;
 
+/// Offers a backend the trace's segment address for the operation about to run (`Some`), or
+/// withdraws it (`None`); see [`replay_on_full`].
+pub type OfferAddress<'a, B> = &'a mut dyn FnMut(&mut B, Option<u64>);
+
 /// What a replay starts from when the trace's recording began in the middle of a process
 /// ([`ReplayProgram::start`] not empty).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -192,7 +196,7 @@ pub fn replay_with_progress(
     let device = SimDevice::new(config.capacity);
     let core = CachingCore::new(device, config.settings.clone()).map_err(ReplayError::Setup)?;
     let mut offer = |d: &mut SimDevice, a: Option<u64>| d.set_next_address(a);
-    let offer: Option<&mut dyn FnMut(&mut SimDevice, Option<u64>)> = if config.trace_addresses {
+    let offer: Option<OfferAddress<'_, SimDevice>> = if config.trace_addresses {
         Some(&mut offer)
     } else {
         None
@@ -239,7 +243,7 @@ pub fn replay_on_full<B: Backend>(
     program: &ReplayProgram,
     config: &ReplayConfig,
     mut complete: impl FnMut(&mut B, StreamId),
-    offer: Option<&mut dyn FnMut(&mut B, Option<u64>)>,
+    offer: Option<OfferAddress<'_, B>>,
     progress: &mut dyn FnMut(usize),
 ) -> Result<ReplayOutcome, ReplayError> {
     if config.record_history {
@@ -453,7 +457,7 @@ impl Pass {
         program: &ReplayProgram,
         observe: bool,
         complete: &mut impl FnMut(&mut B, StreamId),
-        offer: &mut Option<&mut dyn FnMut(&mut B, Option<u64>)>,
+        offer: &mut Option<OfferAddress<'_, B>>,
         done_before: usize,
         progress: &mut dyn FnMut(usize),
     ) -> Result<(), ReplayError> {

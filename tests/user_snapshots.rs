@@ -430,3 +430,23 @@ fn trace_addresses_go_to_the_operation_that_made_them() {
     assert_eq!(requested_at(own), 30 * MIB);
     assert_eq!(requested_at(0x4000_0000), 40 * MIB);
 }
+
+#[test]
+fn the_large_snapshot_reads_with_its_frames_and_replays_to_pytorchs_figures() {
+    // 39 MB of pickle, 128,897 entries with 86 frames each (PyTorch memoises the frames; a
+    // reader that copies each reference would build 75 million values).
+    let snapshot = read_snapshot(&user("gpt2_generate_large")).unwrap();
+    assert_eq!(snapshot.traces[0].entries.len(), 128_897);
+    assert!(
+        snapshot.frames.num_stacks() < 1_000,
+        "stacks are stored once each"
+    );
+    let figures =
+        read_figures_for(&fixtures_root().join("user/gpt2_generate_large.json"), 0).unwrap();
+    let program = snapshot.replay_programs().remove(0).1;
+    let out = replay(&program, &config(&snapshot, false)).unwrap();
+    assert_eq!(out.peak_reserved_bytes, figures.max_memory_reserved);
+    assert_eq!(out.peak_allocated_bytes, figures.max_memory_allocated);
+    let check = check_final_state(&out.final_layout, &snapshot, 0);
+    assert!(check.matches, "{:?}", check.first_difference);
+}
