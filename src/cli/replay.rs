@@ -338,6 +338,15 @@ pub struct PytorchFigures {
 }
 
 impl PytorchFigures {
+    /// `value`, marked when PyTorch's figure covers another window than the trace.
+    fn mark(&self, what: &str, value: String) -> String {
+        if self.pytorch_compared.iter().any(|c| c == what) {
+            value
+        } else {
+            format!("{value} (another window)")
+        }
+    }
+
     fn new(f: &Figures, out: &ReplayOutcome) -> PytorchFigures {
         let checks: [(&str, i128, Option<i64>); 6] = [
             (
@@ -511,16 +520,19 @@ impl Report {
             "{:<22}{:<30}{}",
             "peak segments",
             self.peak_segments,
-            col(py.map(|p| opt(p.pytorch_peak_segments)))
+            col(py.map(|p| p.mark("peak segments", opt(p.pytorch_peak_segments))))
         ));
         line(format!(
             "{:<22}{:<30}{}",
             "device allocs / frees",
             format!("{} / {}", self.device_allocs, self.device_frees),
-            col(py.map(|p| format!(
-                "{} / {}",
-                opt(p.pytorch_device_allocs),
-                opt(p.pytorch_device_frees)
+            col(py.map(|p| p.mark(
+                "device allocs",
+                format!(
+                    "{} / {}",
+                    opt(p.pytorch_device_allocs),
+                    opt(p.pytorch_device_frees)
+                )
             )))
         ));
         line(format!(
