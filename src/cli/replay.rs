@@ -36,10 +36,13 @@ pub fn run(args: &ReplayArgs) -> Result<(), CliError> {
         record_history: args.snapshot_out.is_some(),
         start: StartMode::Exact,
     };
-    let config = ReplayConfig {
-        start: start_mode(&trace, &config.settings),
-        ..config
+    let start = match (start_mode(&trace, &config.settings), args.backend) {
+        // A GPU cannot adopt memory it never handed out: there the replay starts from the
+        // tensors live at the start, allocated for real.
+        (StartMode::Exact, BackendKind::Cuda) => StartMode::LiveTensors,
+        (mode, _) => mode,
     };
+    let config = ReplayConfig { start, ..config };
     let run = execute(&trace, &config, args.backend, args.gpu)?;
     let report = Report::new(&trace, &config, &run);
     if let Some(path) = &args.plot {
