@@ -1,11 +1,12 @@
 //! Reads a snapshot file and prints what it holds and how long reading took (a measurement
-//! aid: run it under `/usr/bin/time -v` for the peak memory).
+//! aid: run it under `/usr/bin/time -v` for the peak memory), and optionally writes it back
+//! with cachalot's writer (`--write OUT`), frames included.
 
 use std::time::Instant;
 
 fn main() {
     let Some(path) = std::env::args().nth(1) else {
-        eprintln!("usage: read_snapshot FILE [--stats]");
+        eprintln!("usage: read_snapshot FILE [--stats] [--write OUT]");
         std::process::exit(2);
     };
     let t = Instant::now();
@@ -26,6 +27,18 @@ fn main() {
         snap.frames.num_frames(),
         snap.frames.num_stacks()
     );
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(out) = args
+        .iter()
+        .position(|a| a == "--write")
+        .and_then(|i| args.get(i + 1))
+    {
+        // Written back by cachalot's writer, frames included (for checks with PyTorch's tools).
+        let file = std::fs::File::create(out).expect("create the output file");
+        cachalot_tools::snapshot::write_snapshot(&snap, std::io::BufWriter::new(file))
+            .expect("write the snapshot");
+        println!("written to {out}");
+    }
     if std::env::args().any(|a| a == "--stats") {
         drop(snap);
         let bytes = std::fs::read(&path).expect("read the file");
