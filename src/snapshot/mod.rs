@@ -25,6 +25,15 @@
 //! [`replay_ops`] turns one device's trace into a [`ReplayProgram`]; [`read_figures`] reads the
 //! JSON sidecar that `scripts/record_traces.py` writes next to each recorded snapshot.
 //!
+//! # Recording that began mid-run
+//!
+//! Users start recording after a warm-up, or let the ring buffer wrap: the process then held
+//! segments, live tensors and cached blocks at the trace's first entry. [`Snapshot::start_of`]
+//! rebuilds that state from the dumped segments by walking the trace backwards
+//! ([`reconstruct_start`]), and [`replay_ops_from`] makes the blocks live then the program's
+//! first handles ([`ReplayProgram::initial`], the state in [`ReplayProgram::start`]), so the
+//! replay can start where PyTorch was (see `crate::replay::StartMode`).
+//!
 //! # Stack frames
 //!
 //! Recorded with `_record_memory_history()` at its defaults, every trace entry, block and
