@@ -2,10 +2,12 @@
 //!
 //! Run on a machine with an NVIDIA GPU: `cargo run --release -p cachalot --example quickstart`.
 //! Settings come from `CACHALOT_ALLOC_CONF` (PyTorch's `PYTORCH_CUDA_ALLOC_CONF` syntax).
+//! NVRTC comes from cachalot's dev-dependency on cudarc with `nvrtc`: a program of its own asks
+//! its cudarc dependency for `nvrtc` (cachalot does not turn it on).
 
 use cachalot::cuda::cudarc::driver::LaunchConfig;
-use cachalot::cuda::cudarc::nvrtc::compile_ptx;
 use cachalot::cuda::{CudaAllocator, Launch};
+use cudarc::nvrtc::compile_ptx;
 
 const SAXPY: &str = r#"
 extern "C" __global__ void saxpy(float* y, const float* x, float a, unsigned int n) {

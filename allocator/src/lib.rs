@@ -19,6 +19,22 @@
 //! assert_eq!(core.stats().reserved_bytes.all.current, 1 << 30);
 //! assert_eq!(core.stats().num_device_alloc, 1);
 //! ```
+//!
+//! # Features
+//!
+//! - `cuda` (default): the CUDA backend over cudarc 0.19, `cuda::CudaAllocator`. It chooses
+//!   neither how cudarc links the driver nor the CUDA version: exactly one linking feature and
+//!   a version must be on somewhere in the program (on cachalot or on the program's own
+//!   cudarc), or cudarc's build script stops and names what is missing.
+//! - Linking, passed to cudarc: `dynamic-loading` (default; builds with no CUDA installed),
+//!   `dynamic-linking` (as candle), `static-linking`. cudarc refuses two at once, so next to a
+//!   cudarc with `dynamic-linking` use `default-features = false, features = ["cuda"]`.
+//! - CUDA version, passed to cudarc: `cuda-version-from-build-system` (`nvcc --version`) or one
+//!   of `cuda-11040` … `cuda-13040` (`cuda-12080` by default; with several, cudarc takes the
+//!   highest).
+//!
+//! cachalot never turns on cudarc's `nvrtc`; a program that compiles kernels asks its own
+//! cudarc for it. `docs/CUDA.md` has the dependency lines.
 
 pub mod backend;
 mod block;

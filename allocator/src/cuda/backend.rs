@@ -29,12 +29,44 @@ const BUILTIN_STREAMS: [u64; 3] = [0x0, 0x1, 0x2];
 
 /// Whether the CUDA driver library can be loaded, asked without letting cudarc panic.
 ///
-/// cudarc loads `libcuda` lazily and panics at the first driver call when it is absent;
-/// this asks its loader whether any of the names it would try can be opened.
+/// With cudarc's `dynamic-loading`, cudarc loads `libcuda` lazily and panics at the first
+/// driver call when it is absent; this asks its loader whether any of the names it would try
+/// can be opened. With `dynamic-linking` or `static-linking` the driver is linked into the
+/// program, which does not start without it. When the linking was chosen on the program's own
+/// cudarc rather than on cachalot, cachalot cannot see which: it then tries the driver's usual
+/// names itself (already open, when linked).
 pub(crate) fn driver_library_present() -> bool {
-    // SAFETY: loading the driver library runs its initialisers, which is what every driver
-    // call through cudarc does first anyway; no symbol is called here.
-    unsafe { sys::is_culib_present() }
+    #[cfg(feature = "dynamic-loading")]
+    {
+        // SAFETY: loading the driver library runs its initialisers, which is what every driver
+        // call through cudarc does first anyway; no symbol is called here.
+        unsafe { sys::is_culib_present() }
+    }
+    #[cfg(all(
+        not(feature = "dynamic-loading"),
+        any(feature = "dynamic-linking", feature = "static-linking")
+    ))]
+    {
+        true
+    }
+    #[cfg(not(any(
+        feature = "dynamic-loading",
+        feature = "dynamic-linking",
+        feature = "static-linking"
+    )))]
+    {
+        use std::env::consts::{DLL_PREFIX, DLL_SUFFIX};
+        // The names cudarc's loader tries that name a driver of any version.
+        ["cuda", "nvcuda"].iter().any(|name| {
+            [
+                format!("{DLL_PREFIX}{name}{DLL_SUFFIX}"),
+                format!("{DLL_PREFIX}{name}{DLL_SUFFIX}.1"),
+            ]
+            .iter()
+            // SAFETY: as above; the library is opened and closed, no symbol is called.
+            .any(|file| unsafe { libloading::Library::new(file) }.is_ok())
+        })
+    }
 }
 
 /// The [`StreamId`] a cudarc stream has in cachalot: its `CUstream` handle's value.

@@ -10,7 +10,7 @@
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use cachalot::cuda::cudarc::driver::{CudaContext, CudaFunction, CudaModule};
-use cachalot::cuda::cudarc::nvrtc::compile_ptx;
+use cudarc::nvrtc::compile_ptx;
 
 /// The contexts of the first `needed` devices, or `None` (after printing why) when the
 /// machine has fewer and the environment does not require them.
