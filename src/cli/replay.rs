@@ -484,6 +484,13 @@ impl Report {
         };
         line(format!("device     {device}"));
         line(format!("start      {}", self.start.human()));
+        if self.backend == "cuda" && self.start.replayed_from == StartMode::LiveTensors {
+            line(
+                "           (on a GPU the state cannot be adopted: the allocator never handed \
+                 that memory out, so only the live tensors are allocated for real)"
+                    .to_string(),
+            );
+        }
         line(String::new());
         let py = self.pytorch.as_ref();
         let col = |v: Option<String>| v.unwrap_or_default();
