@@ -39,7 +39,7 @@ fn main() {
             .expect("write the snapshot");
         println!("written to {out}");
     }
-    if std::env::args().any(|a| a == "--stats") {
+    if args.iter().any(|a| a == "--stats") {
         drop(snap);
         let bytes = std::fs::read(&path).expect("read the file");
         match cachalot_tools::snapshot::decode_stats(&bytes) {

@@ -250,7 +250,7 @@ pub fn replay_on_full<B: Backend>(
         core.record_history(true);
     }
     let mut pass = Pass::new(program, config.timeline);
-    pass.set_up_start(&mut core, program, config.start, &mut complete)?;
+    pass.set_up_start(&mut core, program, config.start)?;
     let mut offer = offer;
     let start = Instant::now();
     pass.run(
@@ -368,7 +368,6 @@ impl Pass {
         core: &mut CachingCore<B>,
         program: &ReplayProgram,
         mode: StartMode,
-        complete: &mut impl FnMut(&mut B, StreamId),
     ) -> Result<(), ReplayError> {
         if program.initial.is_empty() && program.start.segments.is_empty() {
             return Ok(());
@@ -390,16 +389,15 @@ impl Pass {
                                             .into(),
                                     }),
                                 )?;
-                                self.live[h.id] = b.address;
-                                self.sizes[h.id] = h.requested;
                                 if live == BlockStatus::ActivePendingFree {
-                                    self.live[h.id] = 0;
                                     self.held_back[h.id] = true;
                                     AdoptedState::Pending {
                                         requested: b.requested,
                                         streams: vec![side_stream(h.id)],
                                     }
                                 } else {
+                                    self.live[h.id] = b.address;
+                                    self.sizes[h.id] = h.requested;
                                     self.requested += h.requested;
                                     AdoptedState::Allocated {
                                         requested: b.requested,
@@ -443,7 +441,6 @@ impl Pass {
                         self.requested += h.requested;
                     }
                 }
-                let _ = complete;
             }
         }
         self.observe(core.stats());

@@ -113,11 +113,9 @@ fn every_user_snapshot_replays_to_pytorchs_peaks_and_ends_in_its_dump() {
                         device: d,
                         entries: trace.entries[..=k].to_vec(),
                     };
-                    let m = replay_ops_from(&prefix, &options, &start).0.ops.len();
-                    assert_eq!(
-                        program.ops[..m],
-                        replay_ops_from(&prefix, &options, &start).0.ops[..]
-                    );
+                    let prefix_ops = replay_ops_from(&prefix, &options, &start).0.ops;
+                    let m = prefix_ops.len();
+                    assert_eq!(program.ops[..m], prefix_ops[..]);
                     let window = &out.timeline[m.saturating_sub(1)..];
                     // PyTorch's figures at the reset agree with the replay's there.
                     let at_reset = &side["stats_at_reset"][d];

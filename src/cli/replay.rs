@@ -36,10 +36,11 @@ pub fn run(args: &ReplayArgs) -> Result<(), CliError> {
         record_history: args.snapshot_out.is_some(),
         start: StartMode::Exact,
     };
+    let mid_run = trace.start.as_ref().is_ok_and(|s| !s.is_fresh());
     let start = match (start_mode(&trace, &config.settings), args.backend) {
-        // A GPU cannot adopt memory it never handed out: there the replay starts from the
-        // tensors live at the start, allocated for real.
-        (StartMode::Exact, BackendKind::Cuda) => StartMode::LiveTensors,
+        // A GPU cannot adopt memory it never handed out: there a mid-run start replays from
+        // the tensors live then, allocated for real.
+        (StartMode::Exact, BackendKind::Cuda) if mid_run => StartMode::LiveTensors,
         (mode, _) => mode,
     };
     let config = ReplayConfig { start, ..config };
@@ -304,7 +305,7 @@ pub struct StartReport {
 /// The self-check as the report gives it.
 #[derive(Debug, Serialize)]
 pub struct SelfCheckReport {
-    /// Whether the check applies: the replay ran PyTorch's recorded policy from the exact start
+    /// Whether the check applies: the replay ran the recorded settings from the exact start
     /// (or a fresh one) on the simulated device.
     pub applies: bool,
     /// The comparison itself.
@@ -452,8 +453,9 @@ impl Report {
             stranded_at_peak_bytes: out.stranded_at_peak_bytes,
             start: start_report(trace, config),
             self_check: SelfCheckReport {
-                applies: config.start == StartMode::Exact
-                    && start_mode(trace, &config.settings) == StartMode::Exact,
+                // The dump's addresses are the recording GPU's: only the simulated device,
+                // which hands them out again, can end at them.
+                applies: config.start == StartMode::Exact && run.backend == BackendKind::Sim,
                 check: check_final_state(&out.final_layout, &trace.snapshot, trace.device),
             },
             pytorch: trace.figures.as_ref().map(|f| PytorchFigures::new(f, out)),

@@ -24,13 +24,9 @@
 
 use std::collections::BTreeMap;
 
-use cachalot::sizes::round_size;
+use cachalot::sizes::{MAX_ALLOC_SIZE, SMALL_BUFFER, SMALL_SIZE, round_size};
 
 use super::{Action, BlockStatus, DeviceTrace, SegmentState, SegmentType};
-
-const SMALL_SEGMENT: u64 = 2 << 20;
-/// Largest free remainder the large pool leaves unsplit (rule 13).
-const LARGE_UNSPLIT: u64 = 1 << 20;
 
 /// A block of a [`StartSegment`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -196,7 +192,7 @@ pub fn reconstruct_start(
                         e.addr
                     )));
                 }
-                let pool = if e.size == SMALL_SEGMENT {
+                let pool = if e.size == SMALL_BUFFER {
                     SegmentType::Small
                 } else {
                     SegmentType::Large
@@ -257,7 +253,7 @@ pub fn reconstruct_start(
                         e.addr
                     )));
                 }
-                let rounded = round_size(e.size.min(cachalot::sizes::MAX_ALLOC_SIZE), divisions);
+                let rounded = round_size(e.size.min(MAX_ALLOC_SIZE), divisions);
                 let rest = fe - e.addr;
                 if rounded > rest {
                     return Err(fail(format!(
@@ -268,7 +264,8 @@ pub fn reconstruct_start(
                 let remainder = rest - rounded;
                 let size = match seg.pool {
                     SegmentType::Small => rounded,
-                    SegmentType::Large if remainder <= LARGE_UNSPLIT => rest,
+                    // The large pool leaves a remainder of at most 1 MiB unsplit (rule 13).
+                    SegmentType::Large if remainder <= SMALL_SIZE => rest,
                     SegmentType::Large => rounded,
                 };
                 seg.blocks.remove(&fs);
@@ -374,7 +371,7 @@ mod tests {
             active_size: 0,
             requested_size: 0,
             stream: 0,
-            segment_type: if total == SMALL_SEGMENT {
+            segment_type: if total == SMALL_BUFFER {
                 SegmentType::Small
             } else {
                 SegmentType::Large
