@@ -1,35 +1,45 @@
-//! The one operation type that drives property tests, fuzzing and the differential harness.
+//! The operations that drive the property tests, the fuzz targets and the threaded harness,
+//! and how they are drawn.
 //!
 //! The one rule: every `Op` is valid in every state. Live blocks are named by index modulo the
 //! number of live blocks, so a shrunk or fuzzed sequence never refers to a block that does not
-//! exist, and a failing case prints as a paste-ready list of operations.
+//! exist, and a failing case prints as a paste-ready list of operations. What an operation
+//! becomes in a given state (which address a `pick` names) is the driver's business
+//! ([`crate::driver::Handles`]); this module only says what operations exist and how often each
+//! is drawn: the tables below are the only place weights are written.
 
-use arbitrary::Unstructured;
-use proptest::prelude::*;
+use arbitrary::{Arbitrary, Unstructured};
+
+use crate::draw::{Draws, Weighted, draw, weighted};
+use crate::side::{Adoption, AdoptionBlock, AdoptionState};
 
 /// Streams the harness uses: a handful, so cross-stream rules are exercised often.
 pub const STREAMS: u8 = 3;
 
+/// Threads the threaded harness uses.
+pub const THREADS: u8 = 3;
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+
 /// One step of a scenario.
-///
-/// `Arbitrary` (for cargo-fuzz) draws sizes, fractions and fault counts biased the way
-/// [`op_strategy`] is: towards the policy's boundaries and mostly valid values.
-#[derive(Clone, Debug, PartialEq, Eq, arbitrary::Arbitrary)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
     /// Allocate `size` bytes on stream `stream % STREAMS`.
     Malloc {
         /// Bytes requested.
-        #[arbitrary(with = arbitrary_size)]
         size: u64,
         /// Stream index.
         stream: u8,
     },
-    /// Free the live block number `pick % live`; with no live block, free an unknown address.
+    /// Free the live block number `pick % live`; with no live block, free an address that is
+    /// not live.
     Free {
         /// Index into the live blocks, modulo their count.
         pick: u16,
     },
-    /// Mark live block `pick % live` as used on stream `stream % STREAMS`.
+    /// Mark live block `pick % live` as used on stream `stream % STREAMS`; with no live block,
+    /// an address that is not live.
     RecordStream {
         /// Index into the live blocks, modulo their count.
         pick: u16,
@@ -43,40 +53,272 @@ pub enum Op {
     },
     /// Release every whole free segment.
     EmptyCache,
-    /// Set the memory fraction to `per_mille / 1000` (values above 1000 are invalid on purpose).
+    /// Set the memory fraction to [`fraction`]`(per_mille)`: thousandths up to 1000, then
+    /// invalid values (above one, NaN, negative).
     SetFraction {
-        /// The fraction in thousandths.
-        #[arbitrary(with = arbitrary_per_mille)]
+        /// The fraction in thousandths, or an invalid one.
         per_mille: u16,
     },
     /// The next `n` device allocations report out-of-memory.
     FailDeviceAllocs {
         /// How many.
-        #[arbitrary(with = arbitrary_fault_count)]
         n: u8,
     },
-    /// Free an address that is not a live allocation (a freed or foreign pointer).
+    /// Free an address that is not a live allocation: the null address, a block freed earlier
+    /// (a double free), an address inside a live block, or any other (see
+    /// [`crate::driver::Handles::foreign`]).
     FreeForeign {
-        /// The address; the harness makes sure it is not live.
+        /// The raw address the choice is made from.
         address: u64,
+    },
+    /// Mark an address that is not a live allocation (chosen as for `FreeForeign`, the null
+    /// address included) as used on stream `stream % STREAMS`.
+    RecordStreamForeign {
+        /// The raw address the choice is made from.
+        address: u64,
+        /// Stream index.
+        stream: u8,
     },
     /// Adopt a segment the device already holds (rule 18): valid layouts most of the time,
     /// sometimes one that breaks one of rule 18a's checks (both sides must refuse it).
     Adopt {
         /// The segment and its layout.
-        #[arbitrary(with = arbitrary_adopt)]
         segment: AdoptSpec,
     },
     /// The next successful device allocation takes this address when it is usable
     /// (`set_next_address`; `None` clears it).
     SetNextAddress {
         /// The address, or `None`.
-        #[arbitrary(with = arbitrary_next_address)]
         address: Option<u64>,
     },
 }
 
-/// A segment to adopt, in plain numbers that convert to either crate's own type.
+/// One step of a threaded scenario: an operation on a named thread, or a thread's own step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ThreadOp {
+    /// `op` on thread `thread % THREADS`.
+    On {
+        /// Thread index.
+        thread: u8,
+        /// The operation.
+        op: Op,
+    },
+    /// Thread `thread % THREADS` frees a block it allocated itself (number `pick` modulo their
+    /// count; with none, any live block, as `Op::Free`): the frees thread caches keep.
+    FreeOwn {
+        /// Thread index.
+        thread: u8,
+        /// Index into the thread's live blocks, modulo their count.
+        pick: u16,
+    },
+    /// Thread `thread % THREADS` frees the blocks its cache keeps.
+    Flush {
+        /// Thread index.
+        thread: u8,
+    },
+    /// Thread `thread % THREADS` exits; a fresh thread takes its index.
+    Retire {
+        /// Thread index.
+        thread: u8,
+    },
+}
+
+/// The memory fraction a `SetFraction` op sets: `per_mille / 1000` up to 1000, then just above
+/// one (1001), NaN (1002) and negative (1003 and above): both sides must refuse those.
+pub fn fraction(per_mille: u16) -> f64 {
+    match per_mille {
+        0..=1001 => f64::from(per_mille) / 1000.0,
+        1002 => f64::NAN,
+        _ => -f64::from(per_mille - 1002) / 1000.0,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tables: how often each operation, size and value is drawn.
+// ---------------------------------------------------------------------------------------------
+
+/// Sizes at the policy's boundaries: tiny, 512 B, 1 MiB ± 512, 2 MiB, 10 MiB ± 512, 20 MiB,
+/// common `max_split_size` values, and huge.
+pub const BOUNDARY_SIZES: &[u64] = &[
+    1,
+    511,
+    512,
+    513,
+    4 * KIB,
+    MIB - 512,
+    MIB,
+    MIB + 512,
+    2 * MIB,
+    2 * MIB + 512,
+    10 * MIB - 512,
+    10 * MIB,
+    10 * MIB + 512,
+    20 * MIB - 512,
+    20 * MIB,
+    20 * MIB + 512,
+    40 * MIB,
+    64 * MIB,
+    128 * MIB,
+    1 << 30,
+    1 << 40,
+    (1 << 60) + 1,
+];
+
+/// Request sizes: a boundary, a boundary nudged by a few multiples of 512, a small, medium or
+/// large size, zero, or any 64-bit value.
+pub const SIZES: &Draws<u64> = &[
+    (3, |u| Ok(*u.choose(BOUNDARY_SIZES)?)),
+    (2, |u| {
+        let b = *u.choose(BOUNDARY_SIZES)?;
+        let j = u.int_in_range(-4i64..=4)?;
+        Ok(b.saturating_add_signed(j * 512).max(1))
+    }),
+    (3, |u| u.int_in_range(1..=MIB)),
+    (2, |u| u.int_in_range(MIB..=24 * MIB)),
+    (1, |u| u.int_in_range(24 * MIB..=160 * MIB)),
+    (1, |_| Ok(0)),
+    (1, |u| u.arbitrary()),
+];
+
+/// The sizes of requests repeated on purpose (so thread caches hit).
+pub const REPEATED_SIZES: &[u64] = &[512, 4096, MIB, 3 * MIB, 24 * MIB];
+
+/// The raw address of a `FreeForeign` or `RecordStreamForeign`: the null address, or any.
+pub const FOREIGN_ADDRESSES: &Draws<u64> = &[(1, |_| Ok(0)), (4, |u| u.arbitrary())];
+
+/// Memory fractions in thousandths: any valid one, the valid extremes, an invalid one.
+pub const FRACTIONS: &Draws<u16> = &[
+    (6, |u| u.int_in_range(0..=1000)),
+    (1, |u| Ok(*u.choose(&[0, 1000])?)),
+    (1, |u| u.int_in_range(1001..=1003)),
+];
+
+/// How many device allocations a `FailDeviceAllocs` fails.
+pub const FAULT_COUNTS: &Weighted<u8> = &[(1, 1), (1, 2), (1, 3)];
+
+/// Next device addresses: mostly a 2 MiB slot of the adoption region, sometimes `None`, and
+/// sometimes one that is not usable (null, unaligned, overflowing).
+pub const NEXT_ADDRESSES: &Draws<Option<u64>> = &[
+    (6, |u| Ok(Some(adopt_slot(u.arbitrary()?)))),
+    (1, |_| Ok(None)),
+    (1, |u| {
+        Ok(Some(
+            *u.choose(&[0u64, ADOPT_REGION + 256, u64::MAX - 511])?,
+        ))
+    }),
+];
+
+/// Adoption layouts: valid four times in five, else broken in one of twelve ways
+/// ([`build_adopt`]'s `flaw`).
+pub const ADOPT_FLAWS: &Draws<u8> = &[(4, |_| Ok(NO_FLAW)), (1, |u| u.int_in_range(0..=11))];
+
+fn stream(u: &mut Unstructured<'_>) -> arbitrary::Result<u8> {
+    u.int_in_range(0..=STREAMS - 1)
+}
+
+fn thread(u: &mut Unstructured<'_>) -> arbitrary::Result<u8> {
+    u.int_in_range(0..=THREADS - 1)
+}
+
+/// Operations: allocations and frees dominate.
+pub const OPS: &Draws<Op> = &[
+    (10, |u| {
+        Ok(Op::Malloc {
+            size: draw(u, SIZES)?,
+            stream: stream(u)?,
+        })
+    }),
+    (8, |u| Ok(Op::Free { pick: u.arbitrary()? })),
+    (2, |u| {
+        Ok(Op::RecordStream {
+            pick: u.arbitrary()?,
+            stream: stream(u)?,
+        })
+    }),
+    (2, |u| Ok(Op::CompleteStream { stream: stream(u)? })),
+    (1, |_| Ok(Op::EmptyCache)),
+    (1, |u| {
+        Ok(Op::SetFraction {
+            per_mille: draw(u, FRACTIONS)?,
+        })
+    }),
+    (1, |u| {
+        Ok(Op::FailDeviceAllocs {
+            n: weighted(u, FAULT_COUNTS)?,
+        })
+    }),
+    (1, |u| {
+        Ok(Op::FreeForeign {
+            address: draw(u, FOREIGN_ADDRESSES)?,
+        })
+    }),
+    (1, |u| {
+        Ok(Op::RecordStreamForeign {
+            address: draw(u, FOREIGN_ADDRESSES)?,
+            stream: stream(u)?,
+        })
+    }),
+    (1, |u| {
+        Ok(Op::Adopt {
+            segment: AdoptSpec::arbitrary(u)?,
+        })
+    }),
+    (1, |u| {
+        Ok(Op::SetNextAddress {
+            address: draw(u, NEXT_ADDRESSES)?,
+        })
+    }),
+];
+
+/// The streams of repeated requests: mostly stream 0.
+pub const REPEATED_STREAMS: &Draws<u8> = &[(3, |_| Ok(0)), (1, stream)];
+
+/// Threaded operations: any operation on a random thread, requests of a few repeated sizes
+/// (mostly on stream 0, so thread caches hit), frees of the thread's own blocks, cache
+/// flushes and thread exits.
+pub const THREAD_OPS: &Draws<ThreadOp> = &[
+    (10, |u| {
+        Ok(ThreadOp::On {
+            thread: thread(u)?,
+            op: Op::arbitrary(u)?,
+        })
+    }),
+    (8, |u| {
+        let thread = thread(u)?;
+        let size = *u.choose(REPEATED_SIZES)?;
+        let stream = draw(u, REPEATED_STREAMS)?;
+        Ok(ThreadOp::On {
+            thread,
+            op: Op::Malloc { size, stream },
+        })
+    }),
+    (6, |u| {
+        Ok(ThreadOp::FreeOwn {
+            thread: thread(u)?,
+            pick: u.arbitrary()?,
+        })
+    }),
+    (1, |u| Ok(ThreadOp::Flush { thread: thread(u)? })),
+    (1, |u| Ok(ThreadOp::Retire { thread: thread(u)? })),
+];
+
+impl<'a> Arbitrary<'a> for Op {
+    fn arbitrary(u: &mut Unstructured<'a>) -> arbitrary::Result<Op> {
+        draw(u, OPS)
+    }
+}
+
+impl<'a> Arbitrary<'a> for ThreadOp {
+    fn arbitrary(u: &mut Unstructured<'a>) -> arbitrary::Result<ThreadOp> {
+        draw(u, THREAD_OPS)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Adoption layouts
+// ---------------------------------------------------------------------------------------------
+
+/// A segment to adopt, in plain numbers (stream indices), as the operation carries it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AdoptSpec {
     /// The segment's address.
@@ -105,42 +347,10 @@ pub struct AdoptBlockSpec {
 }
 
 impl AdoptSpec {
-    /// The segment as the allocator takes it.
-    pub fn to_allocator(&self) -> cachalot::AdoptedSegment {
-        let stream = |s: u8| cachalot::StreamId(u64::from(s % STREAMS));
-        cachalot::AdoptedSegment {
-            address: self.address,
-            size: self.size,
-            stream: stream(self.stream),
-            pool: if self.small {
-                cachalot::sizes::Pool::Small
-            } else {
-                cachalot::sizes::Pool::Large
-            },
-            blocks: self
-                .blocks
-                .iter()
-                .map(|b| cachalot::AdoptedBlock {
-                    size: b.size,
-                    state: match b.state {
-                        0 => cachalot::AdoptedState::Free,
-                        1 => cachalot::AdoptedState::Allocated {
-                            requested: b.requested,
-                        },
-                        _ => cachalot::AdoptedState::Pending {
-                            requested: b.requested,
-                            streams: b.streams.iter().map(|&s| stream(s)).collect(),
-                        },
-                    },
-                })
-                .collect(),
-        }
-    }
-
-    /// The segment as the model takes it.
-    pub fn to_model(&self) -> cachalot_model::AdoptedSegment {
+    /// The segment as both sides take it: streams resolved, states named.
+    pub fn resolve(&self) -> Adoption {
         let stream = |s: u8| u64::from(s % STREAMS);
-        cachalot_model::AdoptedSegment {
+        Adoption {
             address: self.address,
             size: self.size,
             stream: stream(self.stream),
@@ -148,14 +358,14 @@ impl AdoptSpec {
             blocks: self
                 .blocks
                 .iter()
-                .map(|b| cachalot_model::AdoptedBlock {
+                .map(|b| AdoptionBlock {
                     size: b.size,
                     state: match b.state {
-                        0 => cachalot_model::AdoptedState::Free,
-                        1 => cachalot_model::AdoptedState::Allocated {
+                        0 => AdoptionState::Free,
+                        1 => AdoptionState::Allocated {
                             requested: b.requested,
                         },
-                        _ => cachalot_model::AdoptedState::Pending {
+                        _ => AdoptionState::Pending {
                             requested: b.requested,
                             streams: b.streams.iter().map(|&s| stream(s)).collect(),
                         },
@@ -164,26 +374,50 @@ impl AdoptSpec {
                 .collect(),
         }
     }
+}
 
-    /// The addresses of its allocated blocks (live allocations once adopted).
-    pub fn allocated(&self) -> Vec<u64> {
-        let mut address = self.address;
-        let mut out = Vec::new();
-        for b in &self.blocks {
-            if b.state == 1 {
-                out.push(address);
-            }
-            address = address.wrapping_add(b.size);
+impl<'a> Arbitrary<'a> for AdoptSpec {
+    /// A layout to adopt: valid four times in five, else broken in one of twelve ways.
+    fn arbitrary(u: &mut Unstructured<'a>) -> arbitrary::Result<AdoptSpec> {
+        let slot = u.arbitrary()?;
+        let small = u.arbitrary()?;
+        let units = u.arbitrary()?;
+        let stream = stream(u)?;
+        let n = u.int_in_range(0usize..=5)?;
+        let mut blocks = Vec::with_capacity(n);
+        for _ in 0..n {
+            blocks.push((
+                u.arbitrary()?,
+                u.arbitrary()?,
+                u.arbitrary()?,
+                u.arbitrary()?,
+            ));
         }
-        out
+        let flaw = draw(u, ADOPT_FLAWS)?;
+        Ok(build_adopt(&AdoptRaw {
+            slot,
+            small,
+            units,
+            stream,
+            blocks,
+            flaw,
+        }))
     }
+}
+
+/// The `flaw` of an [`AdoptRaw`] that breaks nothing.
+pub const NO_FLAW: u8 = 12;
+
+/// The address of 2 MiB slot `slot % 128` of the adoption region.
+pub fn adopt_slot(slot: u8) -> u64 {
+    ADOPT_REGION + u64::from(slot % 128) * 2 * MIB
 }
 
 /// Adopted segments and next addresses land in 2 MiB slots from 64 MiB below the simulated
 /// devices' base address, so they meet (and sometimes overlap) the segments the devices place.
 pub const ADOPT_REGION: u64 = 0x7f00_0000_0000 - 64 * MIB;
 
-/// The raw numbers an [`AdoptSpec`] is built from (by both the strategy and `Arbitrary`).
+/// The raw numbers an [`AdoptSpec`] is built from.
 #[derive(Clone, Debug)]
 pub struct AdoptRaw {
     /// Address slot (`% 128`, 2 MiB apart from [`ADOPT_REGION`]).
@@ -265,7 +499,7 @@ pub fn build_adopt(raw: &AdoptRaw) -> AdoptSpec {
         i += 1;
     }
     let mut spec = AdoptSpec {
-        address: ADOPT_REGION + u64::from(raw.slot % 128) * 2 * MIB,
+        address: adopt_slot(raw.slot),
         size: total_units * UNIT,
         stream,
         small: raw.small,
@@ -342,166 +576,3 @@ pub fn build_adopt(raw: &AdoptRaw) -> AdoptSpec {
     spec
 }
 
-fn adopt_raw_strategy() -> impl Strategy<Value = AdoptRaw> {
-    (
-        any::<u8>(),
-        any::<bool>(),
-        any::<u8>(),
-        0..STREAMS,
-        proptest::collection::vec((any::<u32>(), any::<u8>(), any::<u32>(), any::<u8>()), 0..6),
-        prop_oneof![4 => 12u8..=255, 1 => 0u8..12],
-    )
-        .prop_map(|(slot, small, units, stream, blocks, flaw)| AdoptRaw {
-            slot,
-            small,
-            units,
-            stream,
-            blocks,
-            flaw,
-        })
-}
-
-/// A segment layout to adopt: valid four times in five, else broken in one of twelve ways.
-pub fn adopt_strategy() -> impl Strategy<Value = AdoptSpec> {
-    adopt_raw_strategy().prop_map(|raw| build_adopt(&raw))
-}
-
-/// An [`AdoptSpec`] for `Arbitrary` inputs, with the weights of [`adopt_strategy`].
-pub fn arbitrary_adopt(u: &mut Unstructured<'_>) -> arbitrary::Result<AdoptSpec> {
-    let slot = u.arbitrary()?;
-    let small = u.arbitrary()?;
-    let units = u.arbitrary()?;
-    let stream = u.int_in_range(0..=STREAMS - 1)?;
-    let n = u.int_in_range(0usize..=5)?;
-    let mut blocks = Vec::with_capacity(n);
-    for _ in 0..n {
-        blocks.push((
-            u.arbitrary()?,
-            u.arbitrary()?,
-            u.arbitrary()?,
-            u.arbitrary()?,
-        ));
-    }
-    let flaw = if u.ratio(1u8, 5)? {
-        u.int_in_range(0u8..=11)?
-    } else {
-        12
-    };
-    Ok(build_adopt(&AdoptRaw {
-        slot,
-        small,
-        units,
-        stream,
-        blocks,
-        flaw,
-    }))
-}
-
-/// A next device address: mostly a 2 MiB slot of the adoption region, sometimes `None`, 0,
-/// unaligned or overflowing.
-pub fn next_address_strategy() -> impl Strategy<Value = Option<u64>> {
-    prop_oneof![
-        6 => any::<u8>().prop_map(|slot| Some(ADOPT_REGION + u64::from(slot % 128) * 2 * MIB)),
-        1 => Just(None),
-        1 => prop_oneof![Just(0u64), Just(ADOPT_REGION + 256), Just(u64::MAX - 511)].prop_map(Some),
-    ]
-}
-
-/// A next device address for `Arbitrary` inputs, with the weights of [`next_address_strategy`].
-pub fn arbitrary_next_address(u: &mut Unstructured<'_>) -> arbitrary::Result<Option<u64>> {
-    Ok(match u.int_in_range(0u8..=7)? {
-        0..=5 => Some(ADOPT_REGION + u64::from(u.arbitrary::<u8>()? % 128) * 2 * MIB),
-        6 => None,
-        _ => Some(*u.choose(&[0u64, ADOPT_REGION + 256, u64::MAX - 511])?),
-    })
-}
-
-const KIB: u64 = 1 << 10;
-const MIB: u64 = 1 << 20;
-
-/// Sizes at the policy's boundaries: tiny, 512 B, 1 MiB ± 512, 2 MiB, 10 MiB ± 512, 20 MiB,
-/// common `max_split_size` values, and huge.
-pub const BOUNDARY_SIZES: &[u64] = &[
-    1,
-    511,
-    512,
-    513,
-    4 * KIB,
-    MIB - 512,
-    MIB,
-    MIB + 512,
-    2 * MIB,
-    2 * MIB + 512,
-    10 * MIB - 512,
-    10 * MIB,
-    10 * MIB + 512,
-    20 * MIB - 512,
-    20 * MIB,
-    20 * MIB + 512,
-    40 * MIB,
-    64 * MIB,
-    128 * MIB,
-    1 << 30,
-    1 << 40,
-    (1 << 60) + 1,
-];
-
-/// A request size biased towards the boundaries.
-pub fn size_strategy() -> impl Strategy<Value = u64> {
-    prop_oneof![
-        3 => proptest::sample::select(BOUNDARY_SIZES),
-        2 => (proptest::sample::select(BOUNDARY_SIZES), -4i64..=4).prop_map(|(b, j)| b.saturating_add_signed(j * 512).max(1)),
-        3 => 1u64..=MIB,
-        2 => MIB..=24 * MIB,
-        1 => 24 * MIB..=160 * MIB,
-        1 => Just(0u64),
-    ]
-}
-
-/// One operation, weighted so that allocations and frees dominate.
-pub fn op_strategy() -> impl Strategy<Value = Op> {
-    prop_oneof![
-        10 => (size_strategy(), 0..STREAMS).prop_map(|(size, stream)| Op::Malloc { size, stream }),
-        8 => any::<u16>().prop_map(|pick| Op::Free { pick }),
-        2 => (any::<u16>(), 0..STREAMS).prop_map(|(pick, stream)| Op::RecordStream { pick, stream }),
-        2 => (0..STREAMS).prop_map(|stream| Op::CompleteStream { stream }),
-        1 => Just(Op::EmptyCache),
-        1 => prop_oneof![0u16..=1000, Just(1001u16)].prop_map(|per_mille| Op::SetFraction { per_mille }),
-        1 => (1u8..=3).prop_map(|n| Op::FailDeviceAllocs { n }),
-        1 => any::<u64>().prop_map(|address| Op::FreeForeign { address }),
-        1 => adopt_strategy().prop_map(|segment| Op::Adopt { segment }),
-        1 => next_address_strategy().prop_map(|address| Op::SetNextAddress { address }),
-    ]
-}
-
-/// A request size for `Arbitrary` inputs, with the weights of [`size_strategy`]: a boundary
-/// size, a boundary nudged by a few multiples of 512, a small, medium or large size, zero, or
-/// (rarely) any 64-bit value.
-pub fn arbitrary_size(u: &mut Unstructured<'_>) -> arbitrary::Result<u64> {
-    let boundary =
-        |u: &mut Unstructured<'_>| -> arbitrary::Result<u64> { Ok(*u.choose(BOUNDARY_SIZES)?) };
-    Ok(match u.int_in_range(0u8..=12)? {
-        0..=2 => boundary(u)?,
-        3..=4 => {
-            let b = boundary(u)?;
-            let j = u.int_in_range(-4i64..=4)?;
-            b.saturating_add_signed(j * 512).max(1)
-        }
-        5..=7 => u.int_in_range(1..=MIB)?,
-        8..=9 => u.int_in_range(MIB..=24 * MIB)?,
-        10 => u.int_in_range(24 * MIB..=160 * MIB)?,
-        11 => 0,
-        _ => u.arbitrary()?,
-    })
-}
-
-/// A memory fraction in thousandths for `Arbitrary` inputs: mostly valid (0..=1000), sometimes
-/// just invalid (1001), as [`op_strategy`] draws it.
-pub fn arbitrary_per_mille(u: &mut Unstructured<'_>) -> arbitrary::Result<u16> {
-    u.int_in_range(0u16..=1001)
-}
-
-/// How many device allocations fail, for `Arbitrary` inputs: 1 to 3, as [`op_strategy`] draws it.
-pub fn arbitrary_fault_count(u: &mut Unstructured<'_>) -> arbitrary::Result<u8> {
-    u.int_in_range(1u8..=3)
-}

@@ -1,13 +1,15 @@
 //! Scenarios: a device, settings, and a sequence of operations.
 //!
-//! The one rule: a scenario describes settings once, in plain numbers, and converts them into
-//! each crate's own configuration type; the two crates never see each other's types.
+//! The one rule: a scenario describes settings once, in plain numbers ([`Knobs`]); each side
+//! turns them into its own crate's configuration ([`crate::side`]), and the two crates never
+//! see each other's types. A new setting is a field here, a table in [`tables`] and a line
+//! in [`Knobs::arbitrary`], and one line in each side's conversion.
 
-use cachalot::Settings;
-use cachalot_model::ModelConfig;
+use arbitrary::{Arbitrary, Unstructured};
 use proptest::prelude::*;
 
-use crate::op::{Op, op_strategy};
+use crate::draw::{Weighted, strategy, weighted};
+use crate::op::{Op, ThreadOp};
 
 const MIB: u64 = 1 << 20;
 
@@ -26,6 +28,11 @@ pub struct Knobs {
     pub roundup_power2_divisions: [u64; 16],
     /// A memory fraction set at the start.
     pub memory_fraction: Option<f64>,
+    /// Blocks each thread's cache keeps (rule 17; 0: none, PyTorch's front end). Only the
+    /// front end has thread caches: the core runs with 0.
+    pub thread_cache_blocks: u32,
+    /// Segment addresses the simulated devices hand out first, in order (a recorded trace's).
+    pub address_script: Vec<u64>,
 }
 
 impl Knobs {
@@ -38,86 +45,73 @@ impl Knobs {
             garbage_collection_threshold: 0.0,
             roundup_power2_divisions: [0; 16],
             memory_fraction: None,
+            thread_cache_blocks: 0,
+            address_script: Vec::new(),
         }
     }
-
-    /// The allocator's settings.
-    pub fn settings(&self) -> Settings {
-        let mut s = Settings::pytorch();
-        s.max_split_size = self.max_split_size;
-        s.max_non_split_rounding_size = self.max_non_split_rounding_size;
-        s.garbage_collection_threshold = self.garbage_collection_threshold;
-        s.roundup_power2_divisions = self.roundup_power2_divisions;
-        s.per_process_memory_fraction = self.memory_fraction;
-        s
-    }
-
-    /// The model's configuration.
-    pub fn model_config(&self, address_script: Vec<u64>) -> ModelConfig {
-        let mut c = ModelConfig::pytorch_defaults(self.capacity);
-        c.max_split_size = self.max_split_size;
-        c.max_non_split_rounding_size = self.max_non_split_rounding_size;
-        c.garbage_collection_threshold = self.garbage_collection_threshold;
-        c.roundup_power2_divisions = self.roundup_power2_divisions;
-        c.memory_fraction = self.memory_fraction;
-        c.address_script = address_script;
-        c
-    }
 }
 
-/// Knobs for property tests: small capped devices so out-of-memory and its retry path are
-/// common, and every setting varied.
-pub fn knobs_strategy() -> impl Strategy<Value = Knobs> {
-    let divisions = prop_oneof![
-        3 => Just([0u64; 16]),
-        1 => Just([4u64; 16]),
-        1 => Just([2u64; 16]),
-        1 => Just({
-            let mut d = [8u64; 16];
-            d[0] = 1;
-            d[1] = 2;
-            d
-        }),
+/// `roundup_power2_divisions` mixed per interval: 1 below 2 MiB, 2 below 4 MiB, 8 above.
+const MIXED_DIVISIONS: [u64; 16] = {
+    let mut d = [8u64; 16];
+    d[0] = 1;
+    d[1] = 2;
+    d
+};
+
+/// The knob tables: small capped devices so out-of-memory and its retry path are common, and
+/// every setting varied. The only place their values and weights are written.
+pub mod tables {
+    use super::*;
+
+    /// Device capacities.
+    pub const CAPACITIES: &Weighted<u64> = &[
+        (1, 48 * MIB),
+        (1, 96 * MIB),
+        (1, 200 * MIB),
+        (1, 1 << 30),
     ];
-    (
-        prop_oneof![Just(48 * MIB), Just(96 * MIB), Just(200 * MIB), Just(1u64 << 30)],
-        prop_oneof![3 => Just(u64::MAX), 1 => Just(20 * MIB), 1 => Just(40 * MIB), 1 => Just(64 * MIB)],
-        prop_oneof![3 => Just(20 * MIB), 1 => Just(40 * MIB)],
-        prop_oneof![3 => Just(0.0), 1 => Just(0.5), 1 => Just(0.8)],
-        divisions,
-        prop_oneof![3 => Just(None), 1 => Just(Some(0.5)), 1 => Just(Some(0.8))],
-    )
-        .prop_map(|(capacity, max_split_size, max_non_split_rounding_size, gc, roundup_power2_divisions, memory_fraction)| Knobs {
-            capacity,
-            max_split_size,
-            max_non_split_rounding_size,
-            garbage_collection_threshold: gc,
-            roundup_power2_divisions,
-            memory_fraction,
-        })
+    /// `max_split_size`.
+    pub const MAX_SPLIT_SIZES: &Weighted<u64> = &[
+        (3, u64::MAX),
+        (1, 20 * MIB),
+        (1, 40 * MIB),
+        (1, 64 * MIB),
+    ];
+    /// `max_non_split_rounding_size`.
+    pub const MAX_NON_SPLIT_ROUNDING_SIZES: &Weighted<u64> = &[(3, 20 * MIB), (1, 40 * MIB)];
+    /// `garbage_collection_threshold`.
+    pub const GC_THRESHOLDS: &Weighted<f64> = &[(3, 0.0), (1, 0.5), (1, 0.8)];
+    /// `roundup_power2_divisions`.
+    pub const DIVISIONS: &Weighted<[u64; 16]> = &[
+        (3, [0; 16]),
+        (1, [4; 16]),
+        (1, [2; 16]),
+        (1, MIXED_DIVISIONS),
+    ];
+    /// A memory fraction set at the start.
+    pub const MEMORY_FRACTIONS: &Weighted<Option<f64>> = &[(3, None), (1, Some(0.5)), (1, Some(0.8))];
+    /// Thread caches' capacity, for threaded scenarios (the core's scenarios keep 0).
+    pub const THREAD_CACHE_BLOCKS: &Weighted<u32> = &[(1, 0), (1, 1), (1, 2), (2, 8)];
+    /// How many addresses the device's address script holds (mostly none).
+    pub const SCRIPT_LENGTHS: &Weighted<usize> = &[(6, 0), (1, 1), (1, 3)];
 }
 
-/// Knobs for fuzzing, drawn from the same choices as [`knobs_strategy`] (small capped devices,
-/// every setting varied) so that a fuzzer and the property tests explore the same space.
-impl<'a> arbitrary::Arbitrary<'a> for Knobs {
-    fn arbitrary(u: &mut arbitrary::Unstructured<'a>) -> arbitrary::Result<Knobs> {
-        let capacity = *u.choose(&[48 * MIB, 96 * MIB, 200 * MIB, 1u64 << 30])?;
-        let max_split_size =
-            *u.choose(&[u64::MAX, u64::MAX, u64::MAX, 20 * MIB, 40 * MIB, 64 * MIB])?;
-        let max_non_split_rounding_size = *u.choose(&[20 * MIB, 20 * MIB, 20 * MIB, 40 * MIB])?;
-        let garbage_collection_threshold = *u.choose(&[0.0, 0.0, 0.0, 0.5, 0.8])?;
-        let roundup_power2_divisions = match u.int_in_range(0u8..=5)? {
-            0..=2 => [0u64; 16],
-            3 => [4u64; 16],
-            4 => [2u64; 16],
-            _ => {
-                let mut d = [8u64; 16];
-                d[0] = 1;
-                d[1] = 2;
-                d
-            }
-        };
-        let memory_fraction = *u.choose(&[None, None, None, Some(0.5), Some(0.8)])?;
+impl<'a> Arbitrary<'a> for Knobs {
+    /// Knobs drawn from [`tables`], with no thread caches.
+    fn arbitrary(u: &mut Unstructured<'a>) -> arbitrary::Result<Knobs> {
+        use tables::*;
+        let capacity = weighted(u, CAPACITIES)?;
+        let max_split_size = weighted(u, MAX_SPLIT_SIZES)?;
+        let max_non_split_rounding_size = weighted(u, MAX_NON_SPLIT_ROUNDING_SIZES)?;
+        let garbage_collection_threshold = weighted(u, GC_THRESHOLDS)?;
+        let roundup_power2_divisions = weighted(u, DIVISIONS)?;
+        let memory_fraction = weighted(u, MEMORY_FRACTIONS)?;
+        let script_length = weighted(u, SCRIPT_LENGTHS)?;
+        let mut address_script = Vec::with_capacity(script_length);
+        for _ in 0..script_length {
+            address_script.extend(crate::draw::draw(u, crate::op::NEXT_ADDRESSES)?);
+        }
         Ok(Knobs {
             capacity,
             max_split_size,
@@ -125,6 +119,8 @@ impl<'a> arbitrary::Arbitrary<'a> for Knobs {
             garbage_collection_threshold,
             roundup_power2_divisions,
             memory_fraction,
+            thread_cache_blocks: 0,
+            address_script,
         })
     }
 }
@@ -138,11 +134,53 @@ pub struct Scenario {
     pub ops: Vec<Op>,
 }
 
+/// A threaded scenario: knobs (with thread caches) and operations on named threads.
+#[derive(Clone, Debug)]
+pub struct ThreadScenario {
+    /// The settings and device, `thread_cache_blocks` included.
+    pub knobs: Knobs,
+    /// The operations, in order.
+    pub ops: Vec<ThreadOp>,
+}
+
+/// Knobs for property tests, drawn as the fuzzer draws them.
+pub fn knobs_strategy() -> impl Strategy<Value = Knobs> {
+    strategy::<Knobs>()
+}
+
 /// Scenarios of `len` operations.
 pub fn scenario_strategy(len: std::ops::RangeInclusive<usize>) -> impl Strategy<Value = Scenario> {
     (
         knobs_strategy(),
-        proptest::collection::vec(op_strategy(), len),
+        proptest::collection::vec(strategy::<Op>(), len),
     )
         .prop_map(|(knobs, ops)| Scenario { knobs, ops })
+}
+
+/// Threaded scenarios of `len` operations, with thread caches of 0 (PyTorch), 1, 2 or 8 blocks.
+pub fn thread_scenario_strategy(
+    len: std::ops::RangeInclusive<usize>,
+) -> impl Strategy<Value = ThreadScenario> {
+    (
+        knobs_strategy(),
+        strategy::<ThreadCacheBlocks>(),
+        proptest::collection::vec(strategy::<ThreadOp>(), len),
+    )
+        .prop_map(|(knobs, blocks, ops)| ThreadScenario {
+            knobs: Knobs {
+                thread_cache_blocks: blocks.0,
+                ..knobs
+            },
+            ops,
+        })
+}
+
+/// A thread cache capacity drawn from [`tables::THREAD_CACHE_BLOCKS`].
+#[derive(Clone, Copy, Debug)]
+pub struct ThreadCacheBlocks(pub u32);
+
+impl<'a> Arbitrary<'a> for ThreadCacheBlocks {
+    fn arbitrary(u: &mut Unstructured<'a>) -> arbitrary::Result<ThreadCacheBlocks> {
+        Ok(ThreadCacheBlocks(weighted(u, tables::THREAD_CACHE_BLOCKS)?))
+    }
 }

@@ -3,9 +3,9 @@
 //!
 //! `PROPTEST_CASES` raises the number of sequences for long campaigns (default 1000 here).
 
-use cachalot_tools::differential::run_scenario;
-use cachalot_tools::op::Op;
-use cachalot_tools::scenario::{Knobs, Scenario, scenario_strategy};
+use cachalot_harness::driver::run_scenario;
+use cachalot_harness::op::Op;
+use cachalot_harness::scenario::{Knobs, Scenario, scenario_strategy};
 use proptest::prelude::*;
 
 fn cases() -> u32 {
@@ -98,7 +98,7 @@ fn out_of_memory_and_the_retry_path_agree_in_both() {
 #[test]
 fn adopted_layouts_agree_in_both() {
     use Op::*;
-    use cachalot_tools::op::{ADOPT_REGION, AdoptBlockSpec, AdoptSpec};
+    use cachalot_harness::op::{ADOPT_REGION, AdoptBlockSpec, AdoptSpec};
     let block = |size, state, requested, streams: Vec<u8>| AdoptBlockSpec {
         size,
         state,
@@ -166,18 +166,24 @@ fn adopted_layouts_agree_in_both() {
 
 #[test]
 fn the_adoption_strategy_makes_valid_and_invalid_layouts() {
-    use cachalot_tools::differential::Differential;
-    use cachalot_tools::op::adopt_strategy;
+    use cachalot_harness::draw::strategy;
+    use cachalot_harness::driver::Driver;
+    use cachalot_harness::op::AdoptSpec;
+    use cachalot_harness::side::{CoreSide, ModelSide, Side};
     use proptest::strategy::ValueTree;
     use proptest::test_runner::TestRunner;
     let mut runner = TestRunner::deterministic();
     let (mut adopted, mut refused, mut blocks) = (0, 0, 0);
+    let knobs = Knobs::pytorch(1 << 30);
     for _ in 0..300 {
-        let segment = adopt_strategy().new_tree(&mut runner).unwrap().current();
-        let mut d = Differential::new(&Knobs::pytorch(1 << 30)).unwrap();
+        let segment = strategy::<AdoptSpec>()
+            .new_tree(&mut runner)
+            .unwrap()
+            .current();
+        let mut d = Driver::new(CoreSide::new(&knobs).unwrap(), ModelSide::new(&knobs));
         let n = segment.blocks.len();
         d.apply(&Op::Adopt { segment }).unwrap();
-        if d.alloc.segments().is_empty() {
+        if d.a.observe().unwrap().layout.is_empty() {
             refused += 1;
         } else {
             adopted += 1;

@@ -1,0 +1,113 @@
+//! Every committed PyTorch trace runs through the reference model too: each device's replay
+//! program (`tests/fixtures/traces/`, `derived/`, `user/`), interpreted by the product's own
+//! replay interpreter — the start adopted when it can be rebuilt, each `segment_alloc` address
+//! offered for the operation during which PyTorch made it — on the allocator core and the model
+//! side by side, under the settings it was recorded with, compared after every operation, and
+//! ending with both giving every byte back.
+
+use std::path::{Path, PathBuf};
+
+use cachalot::Settings;
+use cachalot_harness::replay::{Replayed, replay_side_by_side};
+use cachalot_harness::scenario::Knobs;
+use cachalot_tools::replay::{H200_MEMORY, StartMode};
+use cachalot_tools::snapshot::{read_figures_for, read_snapshot};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
+}
+
+/// The files of `tests/fixtures/<dir>/` whose names end with `suffix`, sorted.
+fn files(dir: &str, suffix: &str) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(fixtures().join(dir))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with(suffix))
+        .collect();
+    out.sort();
+    out
+}
+
+/// The figures sidecar of a fixture: `NAME.json` beside it, or for a derived re-encoding
+/// (`NAME.protoN.pickle`) the original trace's.
+fn sidecar(pickle: &Path) -> Option<PathBuf> {
+    let name = pickle.file_name()?.to_string_lossy().to_string();
+    let stem = name.split('.').next()?;
+    let beside = pickle.with_file_name(format!("{stem}.json"));
+    let original = fixtures().join("traces").join(format!("{stem}.json"));
+    [beside, original].into_iter().find(|p| p.is_file())
+}
+
+/// Replays every device of `pickle` side by side under its recorded settings.
+fn replay_fixture(pickle: &Path) -> Result<Vec<Replayed>, String> {
+    let snapshot = read_snapshot(pickle).map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    for (device, program) in snapshot.replay_programs() {
+        let figures = sidecar(pickle).and_then(|p| read_figures_for(&p, device).ok());
+        let conf = match &figures {
+            Some(f) => f.pytorch_cuda_alloc_conf.clone().unwrap_or_default(),
+            None => snapshot
+                .allocator_settings
+                .as_ref()
+                .map(|s| s.alloc_conf.clone())
+                .unwrap_or_default(),
+        };
+        let mut settings = Settings::pytorch()
+            .apply(&conf)
+            .map_err(|e| format!("settings {conf:?}: {e}"))?;
+        settings.per_process_memory_fraction = figures.as_ref().and_then(|f| f.memory_fraction);
+        let capacity = figures
+            .as_ref()
+            .map_or(H200_MEMORY, |f| f.device_total_memory);
+        let knobs = Knobs::from_settings(&settings, capacity)?;
+        out.push(
+            replay_side_by_side(&program, &knobs, StartMode::Exact)
+                .map_err(|e| format!("device {device}: {e}"))?,
+        );
+    }
+    Ok(out)
+}
+
+fn replay_all(dir: &str, suffix: &str) -> Vec<Replayed> {
+    let mut failures = Vec::new();
+    let mut all = Vec::new();
+    let paths = files(dir, suffix);
+    assert!(!paths.is_empty(), "no fixtures in tests/fixtures/{dir}");
+    for pickle in paths {
+        match replay_fixture(&pickle) {
+            Ok(r) => all.extend(r),
+            Err(e) => failures.push(format!("{}: {e}", pickle.display())),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} fixtures disagree:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    all
+}
+
+#[test]
+fn every_recorded_trace_agrees_with_the_model_after_every_operation() {
+    let r = replay_all("traces", ".pickle");
+    assert!(r.len() >= 10, "{} programs", r.len());
+    assert!(r.iter().map(|r| r.ops).sum::<usize>() > 40_000);
+    // fraction_oom_retry: the out-of-memory path runs on both sides.
+    assert!(r.iter().any(|r| r.out_of_memory > 0), "no out-of-memory");
+}
+
+#[test]
+fn every_derived_trace_agrees_with_the_model_after_every_operation() {
+    let r = replay_all("derived", ".pickle");
+    assert!(r.len() >= 9, "{} programs", r.len());
+}
+
+#[test]
+fn every_user_snapshot_agrees_with_the_model_from_its_adopted_start() {
+    let r = replay_all("user", ".pickle.gz");
+    assert!(r.len() >= 6, "{} programs", r.len());
+    // Recorded mid-run: most start from the adopted state PyTorch held.
+    let adopted = r.iter().filter(|r| r.adopted > 0).count();
+    assert!(adopted >= 4, "{adopted} programs started from an adopted state");
+}
