@@ -71,9 +71,7 @@ impl Handles {
             return 0;
         }
         let address = match raw % 4 {
-            0 | 2 if !self.freed.is_empty() => {
-                self.freed[(raw / 4) as usize % self.freed.len()]
-            }
+            0 | 2 if !self.freed.is_empty() => self.freed[(raw / 4) as usize % self.freed.len()],
             1 if !self.live.is_empty() => {
                 self.live[(raw / 4) as usize % self.live.len()].address + 512
             }
@@ -173,11 +171,16 @@ impl Handles {
             }
             (Call::Adopt { segment }, Outcome::Ok(_)) => {
                 self.live
-                    .extend(segment.allocated().into_iter().map(|(address, requested)| Live {
-                        address,
-                        requested,
-                        thread: None,
-                    }));
+                    .extend(
+                        segment
+                            .allocated()
+                            .into_iter()
+                            .map(|(address, requested)| Live {
+                                address,
+                                requested,
+                                thread: None,
+                            }),
+                    );
             }
             _ => {}
         }
@@ -396,7 +399,6 @@ impl<A: Side, B: Side> ReplayTarget for Driver<A, B> {
     }
 
     fn offer_address(&mut self, address: Option<u64>) -> Result<(), ReplayStop> {
-        self.replay_call(Call::SetNextAddress { address })
-            .map(drop)
+        self.replay_call(Call::SetNextAddress { address }).map(drop)
     }
 }

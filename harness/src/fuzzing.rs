@@ -216,7 +216,9 @@ impl FaultHarness {
             (Call::Adopt { .. }, o) => {
                 let expected = matches!(
                     o,
-                    Outcome::InvalidAdoption | Outcome::AdoptionOutOfMemory | Outcome::InjectedFault
+                    Outcome::InvalidAdoption
+                        | Outcome::AdoptionOutOfMemory
+                        | Outcome::InjectedFault
                 );
                 if expected && Some(self.observe()?) != before {
                     return Err(format!("a refused adoption changed the state: {o:?}"));

@@ -202,9 +202,11 @@ pub const NEXT_ADDRESSES: &Draws<Option<u64>> = &[
     (6, |u| Ok(Some(adopt_slot(u.arbitrary()?)))),
     (1, |_| Ok(None)),
     (1, |u| {
-        Ok(Some(
-            *u.choose(&[0u64, ADOPT_REGION + 256, u64::MAX - 511])?,
-        ))
+        Ok(Some(*u.choose(&[
+            0u64,
+            ADOPT_REGION + 256,
+            u64::MAX - 511,
+        ])?))
     }),
 ];
 
@@ -228,7 +230,11 @@ pub const OPS: &Draws<Op> = &[
             stream: stream(u)?,
         })
     }),
-    (8, |u| Ok(Op::Free { pick: u.arbitrary()? })),
+    (8, |u| {
+        Ok(Op::Free {
+            pick: u.arbitrary()?,
+        })
+    }),
     (2, |u| {
         Ok(Op::RecordStream {
             pick: u.arbitrary()?,
@@ -575,4 +581,3 @@ pub fn build_adopt(raw: &AdoptRaw) -> AdoptSpec {
     }
     spec
 }
-

@@ -65,19 +65,11 @@ pub mod tables {
     use super::*;
 
     /// Device capacities.
-    pub const CAPACITIES: &Weighted<u64> = &[
-        (1, 48 * MIB),
-        (1, 96 * MIB),
-        (1, 200 * MIB),
-        (1, 1 << 30),
-    ];
+    pub const CAPACITIES: &Weighted<u64> =
+        &[(1, 48 * MIB), (1, 96 * MIB), (1, 200 * MIB), (1, 1 << 30)];
     /// `max_split_size`.
-    pub const MAX_SPLIT_SIZES: &Weighted<u64> = &[
-        (3, u64::MAX),
-        (1, 20 * MIB),
-        (1, 40 * MIB),
-        (1, 64 * MIB),
-    ];
+    pub const MAX_SPLIT_SIZES: &Weighted<u64> =
+        &[(3, u64::MAX), (1, 20 * MIB), (1, 40 * MIB), (1, 64 * MIB)];
     /// `max_non_split_rounding_size`.
     pub const MAX_NON_SPLIT_ROUNDING_SIZES: &Weighted<u64> = &[(3, 20 * MIB), (1, 40 * MIB)];
     /// `garbage_collection_threshold`.
@@ -90,7 +82,8 @@ pub mod tables {
         (1, MIXED_DIVISIONS),
     ];
     /// A memory fraction set at the start.
-    pub const MEMORY_FRACTIONS: &Weighted<Option<f64>> = &[(3, None), (1, Some(0.5)), (1, Some(0.8))];
+    pub const MEMORY_FRACTIONS: &Weighted<Option<f64>> =
+        &[(3, None), (1, Some(0.5)), (1, Some(0.8))];
     /// Thread caches' capacity, for threaded scenarios (the core's scenarios keep 0).
     pub const THREAD_CACHE_BLOCKS: &Weighted<u32> = &[(1, 0), (1, 1), (1, 2), (2, 8)];
     /// How many addresses the device's address script holds (mostly none).

@@ -199,3 +199,82 @@ fn the_adoption_strategy_makes_valid_and_invalid_layouts() {
         "{blocks} blocks in {adopted} segments"
     );
 }
+
+#[test]
+fn scripted_addresses_agree_in_both_unusable_ones_skipped() {
+    use Op::*;
+    use cachalot_harness::driver::Driver;
+    use cachalot_harness::op::{ADOPT_REGION, AdoptBlockSpec, AdoptSpec};
+    use cachalot_harness::side::{CoreSide, ModelSide, Side};
+    let segment = AdoptSpec {
+        address: ADOPT_REGION + 20 * MIB,
+        size: 20 * MIB,
+        stream: 0,
+        small: false,
+        blocks: vec![AdoptBlockSpec {
+            size: 20 * MIB,
+            state: 1,
+            requested: 20 * MIB,
+            streams: vec![],
+        }],
+    };
+    let knobs = Knobs {
+        address_script: vec![
+            0,                       // null: skipped
+            ADOPT_REGION + 256,      // not a multiple of 512: skipped
+            ADOPT_REGION + 30 * MIB, // inside the adopted segment: skipped
+            u64::MAX - 511,          // overflows: skipped
+            ADOPT_REGION,            // usable: taken
+            ADOPT_REGION + 2 * MIB,  // usable: taken by the next one
+        ],
+        ..Knobs::pytorch(1 << 30)
+    };
+    let mut d = Driver::new(CoreSide::new(&knobs).unwrap(), ModelSide::new(&knobs));
+    d.apply(&Adopt { segment }).unwrap();
+    for stream in 0..3 {
+        d.apply(&Malloc { size: 512, stream }).unwrap();
+    }
+    let segments: Vec<u64> =
+        d.a.observe()
+            .unwrap()
+            .layout
+            .iter()
+            .map(|s| s.address)
+            .collect();
+    assert_eq!(
+        segments,
+        [
+            ADOPT_REGION,
+            ADOPT_REGION + 2 * MIB,
+            ADOPT_REGION + 20 * MIB,
+            0x7f00_0000_0000
+        ]
+    );
+    d.drain().unwrap();
+}
+
+#[test]
+fn null_addresses_are_answered_alike() {
+    use Op::*;
+    // A raw foreign address of 0 is the null address: freeing it is a no-op in both, and
+    // `record_stream` on it must get the same answer from both.
+    run(
+        Knobs::pytorch(1 << 30),
+        vec![
+            FreeForeign { address: 0 },
+            RecordStreamForeign {
+                address: 0,
+                stream: 1,
+            },
+            Malloc {
+                size: 512,
+                stream: 0,
+            },
+            FreeForeign { address: 0 },
+            RecordStreamForeign {
+                address: 0,
+                stream: 0,
+            },
+        ],
+    );
+}

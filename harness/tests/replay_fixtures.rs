@@ -107,7 +107,11 @@ fn every_derived_trace_agrees_with_the_model_after_every_operation() {
 fn every_user_snapshot_agrees_with_the_model_from_its_adopted_start() {
     let r = replay_all("user", ".pickle.gz");
     assert!(r.len() >= 6, "{} programs", r.len());
-    // Recorded mid-run: most start from the adopted state PyTorch held.
+    // resnet50_warm and unet_wrapped were recorded mid-run: they start from the state PyTorch
+    // held, adopted.
     let adopted = r.iter().filter(|r| r.adopted > 0).count();
-    assert!(adopted >= 4, "{adopted} programs started from an adopted state");
+    assert!(
+        adopted >= 2,
+        "{adopted} programs started from an adopted state"
+    );
 }

@@ -305,7 +305,8 @@ fn diff_stats(a: &FlatStats, b: &FlatStats) -> Vec<String> {
                     stack.pop();
                 }
                 _ => {
-                    let mut p: Vec<&str> = stack.iter().copied().filter(|f| !f.is_empty()).collect();
+                    let mut p: Vec<&str> =
+                        stack.iter().copied().filter(|f| !f.is_empty()).collect();
                     p.push(field);
                     out.push((p.join("."), v));
                 }
@@ -533,7 +534,10 @@ mod tests {
 
     #[test]
     fn a_difference_is_named_by_its_path() {
-        let (a, b) = (flatten_stats(&v(1, 3)).unwrap(), flatten_stats(&v(5, 3)).unwrap());
+        let (a, b) = (
+            flatten_stats(&v(1, 3)).unwrap(),
+            flatten_stats(&v(5, 3)).unwrap(),
+        );
         assert_eq!(diff_stats(&a, &b), vec!["x.a: 1 vs 5".to_string()]);
         let r = flatten_stats(&Renamed {
             x: Inner { a: 1, b: 2 },
