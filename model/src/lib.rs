@@ -3,7 +3,7 @@
 //! This crate is the oracle for the `cachalot` allocator. It implements the rules of
 //! ARCHITECTURE.md ("The policy", PyTorch 2.x `CUDACachingAllocator` semantics, and "The
 //! simulated device") as plainly as possible: a `Vec` of segments, each a `Vec` of blocks in
-//! address order, found by linear scans. The differential harness in `cachalot-tools` runs the
+//! address order, found by linear scans. The differential harness in `cachalot-harness` runs the
 //! same operations on both crates and compares, after every operation, the returned address or
 //! error, every statistic and the segment/block layout. The two crates share no code.
 //!
