@@ -302,25 +302,29 @@ impl<A: Side, B: Side> Driver<A, B> {
 
 /// Runs a scenario on the allocator core and the model (rules 1–16).
 pub fn run_scenario(scenario: &Scenario) -> Result<(), String> {
-    let mut d = Driver::new(
+    let steps: Vec<ThreadOp> = scenario
+        .ops
+        .iter()
+        .map(|op| ThreadOp::On {
+            thread: 0,
+            op: op.clone(),
+        })
+        .collect();
+    Driver::new(
         CoreSide::new(&scenario.knobs)?,
         ModelSide::new(&scenario.knobs),
-    );
-    d.compare()?;
-    for op in &scenario.ops {
-        d.apply(op)?;
-    }
-    d.drain()
+    )
+    .run(&steps)
 }
 
 /// Runs a threaded scenario on the front end, each operation on its worker thread, and on the
 /// model with rule 17.
 pub fn run_thread_scenario(scenario: &ThreadScenario) -> Result<(), String> {
-    let mut d = Driver::new(
+    Driver::new(
         ThreadedSide::new(&scenario.knobs)?,
         ModelSide::threaded(&scenario.knobs),
-    );
-    d.run(&scenario.ops)
+    )
+    .run(&scenario.ops)
 }
 
 /// Why a replayed call stopped: the sides agreed on a failure, or disagreed.
