@@ -185,11 +185,6 @@ impl Handles {
             _ => {}
         }
     }
-
-    /// Forgets every live allocation (they were freed behind the handles' back).
-    pub fn forget_live(&mut self) -> Vec<Live> {
-        std::mem::take(&mut self.live)
-    }
 }
 
 /// Two sides driven together.

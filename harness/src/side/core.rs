@@ -285,6 +285,6 @@ impl Side for CoreSide {
     }
 
     fn check_invariants(&self) -> Result<(), String> {
-        self.core.check_invariants()
+        self.core.check_invariants().map_err(|e| e.to_string())
     }
 }

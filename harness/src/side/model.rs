@@ -202,6 +202,6 @@ impl Side for ModelSide {
     }
 
     fn check_invariants(&self) -> Result<(), String> {
-        self.model.check_invariants()
+        self.model.check_invariants().map_err(|e| e.to_string())
     }
 }

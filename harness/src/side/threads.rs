@@ -172,6 +172,6 @@ impl Side for ThreadedSide {
     }
 
     fn check_invariants(&self) -> Result<(), String> {
-        self.alloc.check_invariants()
+        self.alloc.check_invariants().map_err(|e| e.to_string())
     }
 }
