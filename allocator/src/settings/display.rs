@@ -43,40 +43,11 @@ impl fmt::Display for Settings {
                 format_divisions(&self.roundup_power2_divisions)
             ));
         }
-        let flags = [
-            (
-                Key::ExpandableSegments,
-                self.expandable_segments,
-                d.expandable_segments,
-            ),
-            (
-                Key::ReleaseLock,
-                self.release_lock_on_cudamalloc,
-                d.release_lock_on_cudamalloc,
-            ),
-            (
-                Key::PinnedHostRegister,
-                self.pinned_use_cuda_host_register,
-                d.pinned_use_cuda_host_register,
-            ),
-        ];
-        for (key, value, default) in flags {
-            if value != default {
-                parts.push(format!("{}:{}", key.name(), bool_word(value)));
-            }
-        }
-        if self.pinned_num_register_threads != d.pinned_num_register_threads {
+        if self.expandable_segments != d.expandable_segments {
             parts.push(format!(
                 "{}:{}",
-                Key::PinnedThreads.name(),
-                self.pinned_num_register_threads
-            ));
-        }
-        if self.pinned_use_background_threads != d.pinned_use_background_threads {
-            parts.push(format!(
-                "{}:{}",
-                Key::PinnedBackground.name(),
-                bool_word(self.pinned_use_background_threads)
+                Key::ExpandableSegments.name(),
+                bool_word(self.expandable_segments)
             ));
         }
         if let Some(x) = self.per_process_memory_fraction {

@@ -25,12 +25,28 @@
 //! | `roundup_power2_divisions` | power of two, or a list (below) | [`Settings::roundup_power2_divisions`] |
 //! | `expandable_segments` | `True` / `False` | [`Settings::expandable_segments`] |
 //! | `per_process_memory_fraction` | decimal in \[0, 1\] | [`Settings::per_process_memory_fraction`] |
-//! | `release_lock_on_cudamalloc` | `True` / `False` | [`Settings::release_lock_on_cudamalloc`] |
-//! | `pinned_use_cuda_host_register` | `True` / `False` | [`Settings::pinned_use_cuda_host_register`] |
-//! | `pinned_num_register_threads` | power of two ≤ 128 | [`Settings::pinned_num_register_threads`] |
-//! | `pinned_use_background_threads` | `True` / `False` | [`Settings::pinned_use_background_threads`] |
 //! | `backend` | `native` / `cudaMallocAsync` | [`Settings::backend`] |
 //! | `thread_cache_blocks` | integer ≤ 1024 (cachalot's own key) | [`Settings::thread_cache_blocks`] |
+//! | `release_lock_on_cudamalloc` | `True` / `False` | nothing: only `False` is accepted (below) |
+//! | `pinned_use_cuda_host_register` | `True` / `False` | nothing: only `False` is accepted (below) |
+//! | `pinned_num_register_threads` | power of two ≤ 128 | nothing: only `1` is accepted (below) |
+//! | `pinned_use_background_threads` | `True` / `False` | nothing: only `False` is accepted (below) |
+//!
+//! # Keys cachalot refuses
+//!
+//! Four keys are PyTorch's but mean nothing for cachalot. They are read and checked as PyTorch
+//! checks them, their default value (PyTorch's, which changes nothing) is accepted so that a
+//! configuration written for PyTorch that spells it out still parses, and any other valid
+//! value is [`SettingsError::Unsupported`], whose message says what the key does in PyTorch:
+//!
+//! * `release_lock_on_cudamalloc:True` would release the allocator's lock around `cudaMalloc`.
+//!   cachalot makes every decision under one lock, so that each run is a sequence of core
+//!   operations the reference model can check, and its thread caches already keep the common
+//!   paths off that lock.
+//! * `pinned_use_cuda_host_register`, `pinned_num_register_threads` and
+//!   `pinned_use_background_threads` configure PyTorch's *pinned host-memory* allocator
+//!   (`CachingHostAllocator`). cachalot allocates device memory only: pinned host memory is not
+//!   its business.
 //!
 //! The list form of `roundup_power2_divisions` is `[K:D,K:D,...]`. Each `K` is a size in MB
 //! that is a power of two and names the interval `clamp(log2 K, 0, 15)`; each `D` is `0` or a
@@ -74,8 +90,6 @@ const MAX_SIZE_MB: u64 = u64::MAX / MIB;
 const INTERVALS: usize = 16;
 /// The largest value of `pinned_num_register_threads`.
 const MAX_REGISTER_THREADS: u64 = 128;
-/// The interval index of a 1 MiB size: interval 0 starts at 2^20 bytes.
-const FIRST_INTERVAL_LOG2: u32 = 20;
 
 /// The device allocator behind the caching layer (`backend:` in the configuration string).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -145,16 +159,6 @@ pub struct Settings {
     /// Cap on reserved memory as a fraction of device capacity, in \[0, 1\]; `None` (the
     /// default) means no cap.
     pub per_process_memory_fraction: Option<f64>,
-    /// Release the allocator's lock while calling `cudaMalloc`.
-    pub release_lock_on_cudamalloc: bool,
-    /// Pinned host memory: allocate with `malloc` and register with `cudaHostRegister`
-    /// instead of calling `cudaHostAlloc`.
-    pub pinned_use_cuda_host_register: bool,
-    /// Pinned host memory: threads used to map pages before `cudaHostRegister`; a power of
-    /// two, at most 128. Default 1.
-    pub pinned_num_register_threads: u64,
-    /// Pinned host memory: process events on a background thread.
-    pub pinned_use_background_threads: bool,
     /// The device allocator behind the cache.
     pub backend: AllocatorBackend,
     /// cachalot's own policy, not PyTorch's: how many freed blocks each thread keeps for
@@ -208,8 +212,10 @@ pub enum SettingsError {
         /// What was expected.
         reason: String,
     },
-    /// A setting that parses but that the allocator does not support (yet); never returned by
-    /// the parser, but by whoever consumes the settings (e.g. `expandable_segments:True`).
+    /// A well-formed setting that cachalot does not honour. The parser returns it for
+    /// PyTorch's keys that mean nothing here, given a value other than their default
+    /// (`release_lock_on_cudamalloc:True`, any `pinned_*` value that would change PyTorch's
+    /// pinned host-memory allocator; see "Keys cachalot refuses" in the module documentation).
     #[error("unsupported setting {key}: {reason}")]
     Unsupported {
         /// The key of the unsupported setting.
@@ -243,7 +249,7 @@ impl Default for Settings {
 impl Settings {
     /// PyTorch 2.x's defaults: unlimited split size, 20 MiB non-split rounding, no garbage
     /// collection, no power-of-two rounding, no expandable segments, no memory cap, the native
-    /// backend, one pinned-memory register thread and every other switch off.
+    /// backend, no thread caches.
     pub fn pytorch() -> Settings {
         Settings {
             max_split_size: u64::MAX,
@@ -252,10 +258,6 @@ impl Settings {
             roundup_power2_divisions: [0; INTERVALS],
             expandable_segments: false,
             per_process_memory_fraction: None,
-            release_lock_on_cudamalloc: false,
-            pinned_use_cuda_host_register: false,
-            pinned_num_register_threads: 1,
-            pinned_use_background_threads: false,
             backend: AllocatorBackend::Native,
             thread_cache_blocks: 0,
         }
@@ -329,13 +331,10 @@ impl Settings {
 
     /// The number of divisions for a request of `size` bytes: the entry of
     /// [`Settings::roundup_power2_divisions`] at index `clamp(floor(log2 size) − 20, 0, 15)`
-    /// (index 0 for size 0).
+    /// (index 0 for size 0): [`crate::sizes::division_index`], the index the rounding uses.
     pub fn roundup_divisions_for(&self, size: u64) -> u64 {
-        let log2 = size.checked_ilog2().unwrap_or(0);
-        let index = log2.saturating_sub(FIRST_INTERVAL_LOG2) as usize;
-        let index = index.min(INTERVALS - 1);
         self.roundup_power2_divisions
-            .get(index)
+            .get(crate::sizes::division_index(size))
             .copied()
             .unwrap_or(0)
     }

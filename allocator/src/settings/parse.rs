@@ -83,16 +83,19 @@ impl Settings {
                 let x = check_fraction(parse_f64(key, v)?).map_err(|r| invalid(key, v, r))?;
                 self.per_process_memory_fraction = Some(x);
             }
-            Key::ReleaseLock => self.release_lock_on_cudamalloc = parse_bool(cursor, key)?,
-            Key::PinnedHostRegister => {
-                self.pinned_use_cuda_host_register = parse_bool(cursor, key)?;
+            Key::ReleaseLock | Key::PinnedHostRegister | Key::PinnedBackground => {
+                if parse_bool(cursor, key)? {
+                    return Err(unsupported(key, "True"));
+                }
             }
             Key::PinnedThreads => {
                 let v = scalar(cursor, key)?;
-                self.pinned_num_register_threads =
+                let n =
                     check_register_threads(parse_u64(key, v)?).map_err(|r| invalid(key, v, r))?;
+                if n != 1 {
+                    return Err(unsupported(key, v));
+                }
             }
-            Key::PinnedBackground => self.pinned_use_background_threads = parse_bool(cursor, key)?,
             Key::ThreadCacheBlocks => {
                 let v = scalar(cursor, key)?;
                 let n = parse_u64(key, v)?;
@@ -182,6 +185,41 @@ pub(super) fn invalid(key: Key, value: impl fmt::Display, reason: &str) -> Setti
         key: key.name().to_owned(),
         value: value.to_string(),
         reason: reason.to_owned(),
+    }
+}
+
+/// A [`SettingsError::Unsupported`] for a key cachalot refuses, given `value` (a valid value
+/// other than the key's default): what the key does in PyTorch, and why cachalot has no use
+/// for it.
+fn unsupported(key: Key, value: &str) -> SettingsError {
+    const PINNED: &str = "cachalot allocates device memory only: pinned host memory is not \
+                          its business";
+    let reason = match key {
+        Key::ReleaseLock => format!(
+            "{value} would make PyTorch release the allocator's lock around each cudaMalloc so \
+             that other threads may allocate meanwhile; cachalot makes every decision under one \
+             lock, so that each run is a sequence of operations the reference model checks, and \
+             its thread caches keep the common paths off that lock. Only False (the default) is \
+             accepted"
+        ),
+        Key::PinnedHostRegister => format!(
+            "{value} would make PyTorch's pinned host-memory allocator allocate with malloc and \
+             cudaHostRegister instead of cudaHostAlloc; {PINNED}. Only False (the default) is \
+             accepted"
+        ),
+        Key::PinnedThreads => format!(
+            "{value} would make PyTorch's pinned host-memory allocator map pages with {value} \
+             threads before cudaHostRegister; {PINNED}. Only 1 (the default) is accepted"
+        ),
+        Key::PinnedBackground => format!(
+            "{value} would make PyTorch's pinned host-memory allocator process its events on a \
+             background thread; {PINNED}. Only False (the default) is accepted"
+        ),
+        _ => format!("{value} is not supported"),
+    };
+    SettingsError::Unsupported {
+        key: key.name().to_owned(),
+        reason,
     }
 }
 

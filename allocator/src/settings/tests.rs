@@ -69,10 +69,6 @@ fn pytorch_defaults_are_those_of_pytorch_2() {
     assert_eq!(d.roundup_power2_divisions, [0; 16]);
     assert!(!d.expandable_segments);
     assert_eq!(d.per_process_memory_fraction, None);
-    assert!(!d.release_lock_on_cudamalloc);
-    assert!(!d.pinned_use_cuda_host_register);
-    assert_eq!(d.pinned_num_register_threads, 1);
-    assert!(!d.pinned_use_background_threads);
     assert_eq!(d.backend, AllocatorBackend::Native);
 }
 
@@ -214,16 +210,8 @@ fn zero_divisions_are_allowed_in_the_list_form() {
 
 #[test]
 fn boolean_keys_and_the_backend_are_read() {
-    let s = parse(
-        "expandable_segments:True,release_lock_on_cudamalloc:True,\
-         pinned_use_cuda_host_register:True,pinned_num_register_threads:8,\
-         pinned_use_background_threads:True,backend:cudaMallocAsync",
-    );
+    let s = parse("expandable_segments:True,backend:cudaMallocAsync");
     assert!(s.expandable_segments);
-    assert!(s.release_lock_on_cudamalloc);
-    assert!(s.pinned_use_cuda_host_register);
-    assert_eq!(s.pinned_num_register_threads, 8);
-    assert!(s.pinned_use_background_threads);
     assert_eq!(s.backend, AllocatorBackend::CudaMallocAsync);
     let s = s
         .apply("expandable_segments:False,backend:native")
@@ -461,10 +449,70 @@ fn register_threads_must_be_a_power_of_two_up_to_128() {
     assert_invalid(&format!("{key}:3"), key, "3", "must be a power of two");
     assert_invalid(&format!("{key}:0"), key, "0", "must be a power of two");
     assert_invalid(&format!("{key}:256"), key, "256", "must be <= 128");
-    assert_eq!(
-        parse("pinned_num_register_threads:128").pinned_num_register_threads,
-        128
+    // A valid count other than the default is checked first, then refused as unsupported.
+    assert!(matches!(
+        err("pinned_num_register_threads:128"),
+        SettingsError::Unsupported { .. }
+    ));
+}
+
+// --- keys cachalot refuses ----------------------------------------------------------------
+
+#[test]
+fn refused_keys_are_accepted_at_their_default_value_and_change_nothing() {
+    let s = parse(
+        "release_lock_on_cudamalloc:False,pinned_use_cuda_host_register:False,\
+         pinned_num_register_threads:1,pinned_use_background_threads:False",
     );
+    assert_eq!(s, Settings::default());
+    assert_eq!(s.to_string(), "");
+    let base = parse("max_split_size_mb:64");
+    assert_eq!(
+        base.apply("pinned_num_register_threads:1"),
+        Ok(base.clone())
+    );
+}
+
+#[test]
+fn refused_keys_with_any_other_value_are_unsupported_and_say_why() {
+    for (setting, key, says) in [
+        (
+            "release_lock_on_cudamalloc:True",
+            "release_lock_on_cudamalloc",
+            "release the allocator's lock around each cudaMalloc",
+        ),
+        (
+            "pinned_use_cuda_host_register:True",
+            "pinned_use_cuda_host_register",
+            "pinned host memory is not its business",
+        ),
+        (
+            "pinned_num_register_threads:8",
+            "pinned_num_register_threads",
+            "pinned host memory is not its business",
+        ),
+        (
+            "pinned_use_background_threads:True",
+            "pinned_use_background_threads",
+            "pinned host memory is not its business",
+        ),
+    ] {
+        let e = err(&format!("max_split_size_mb:64,{setting}"));
+        let SettingsError::Unsupported { key: k, reason } = &e else {
+            panic!("{setting}: expected Unsupported, got {e:?}");
+        };
+        assert_eq!(k, key);
+        assert!(reason.contains(says), "{setting}: {reason}");
+        assert!(
+            reason.contains("the default) is accepted"),
+            "{setting}: {reason}"
+        );
+        let message = e.to_string();
+        assert!(
+            message.starts_with(&format!("unsupported setting {key}: ")),
+            "{message}"
+        );
+    }
 }
 
 #[test]
@@ -865,12 +913,10 @@ fn hand_written_settings_display_canonically_and_parse_back() {
             "expandable_segments:True,per_process_memory_fraction:1,backend:cudaMallocAsync",
         ),
         (
-            "pinned_num_register_threads:8,pinned_use_cuda_host_register:True,\
-             pinned_use_background_threads:True,release_lock_on_cudamalloc:True,\
+            "pinned_num_register_threads:1,pinned_use_cuda_host_register:False,\
+             pinned_use_background_threads:False,release_lock_on_cudamalloc:False,\
              max_non_split_rounding_mb:1024",
-            "max_non_split_rounding_mb:1024,release_lock_on_cudamalloc:True,\
-             pinned_use_cuda_host_register:True,pinned_num_register_threads:8,\
-             pinned_use_background_threads:True",
+            "max_non_split_rounding_mb:1024",
         ),
         (
             "per_process_memory_fraction:0",
@@ -1030,31 +1076,21 @@ fn valid_settings() -> impl Strategy<Value = Settings> {
         table,
         any::<bool>(),
         prop::option::of(0.0f64..=1.0),
-        any::<bool>(),
-        any::<bool>(),
-        (0u32..=7).prop_map(|k| 1u64 << k),
-        any::<bool>(),
         prop_oneof![
             Just(AllocatorBackend::Native),
             Just(AllocatorBackend::CudaMallocAsync)
         ],
     )
-        .prop_map(
-            |(msz, nsr, gc, table, exp, frac, rel, reg, threads, bg, backend)| Settings {
-                max_split_size: msz,
-                max_non_split_rounding_size: nsr,
-                garbage_collection_threshold: gc,
-                roundup_power2_divisions: table,
-                expandable_segments: exp,
-                per_process_memory_fraction: frac,
-                release_lock_on_cudamalloc: rel,
-                pinned_use_cuda_host_register: reg,
-                pinned_num_register_threads: threads,
-                pinned_use_background_threads: bg,
-                backend,
-                thread_cache_blocks: (msz % 4) as u32 * 7,
-            },
-        )
+        .prop_map(|(msz, nsr, gc, table, exp, frac, backend)| Settings {
+            max_split_size: msz,
+            max_non_split_rounding_size: nsr,
+            garbage_collection_threshold: gc,
+            roundup_power2_divisions: table,
+            expandable_segments: exp,
+            per_process_memory_fraction: frac,
+            backend,
+            thread_cache_blocks: (msz % 4) as u32 * 7,
+        })
 }
 
 /// parse(display(parse(s))) == parse(s) whenever s parses.
