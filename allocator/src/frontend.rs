@@ -14,6 +14,7 @@ use rustc_hash::FxHashMap;
 
 use crate::backend::{Backend, StreamId};
 use crate::error::Error;
+use crate::invariants::InvariantViolation;
 use crate::policy::{CachingCore, SegmentInfo};
 use crate::settings::Settings;
 use crate::sizes::MAX_ALLOC_SIZE;
@@ -331,7 +332,7 @@ impl<B: Backend> Allocator<B> {
 
     /// Checks the core's invariants, and the thread caches': every block a thread holds is
     /// allocated in the core and belongs to exactly that thread; no cache is over capacity.
-    pub fn check_invariants(&self) -> Result<(), String> {
+    pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
         let g = self.lock();
         g.core.check_invariants()?;
         let allocated: std::collections::HashSet<u64> = g
@@ -346,33 +347,40 @@ impl<B: Backend> Allocator<B> {
         for (i, local) in g.threads.iter().enumerate() {
             let st = lock(&local.state);
             if st.parked.len() > self.shared.capacity {
-                return Err(format!(
-                    "thread {i} keeps {} blocks, more than {}",
-                    st.parked.len(),
-                    self.shared.capacity
-                ));
+                return Err(InvariantViolation::ThreadCacheOverfull {
+                    thread: i,
+                    kept: st.parked.len(),
+                    capacity: self.shared.capacity,
+                });
             }
             let addresses = st.live.keys().chain(st.parked.iter().map(|(a, _)| a));
             for a in addresses {
                 seen += 1;
                 if !allocated.contains(a) {
-                    return Err(format!(
-                        "thread {i} holds {a:#x}, not allocated in the core"
-                    ));
+                    return Err(InvariantViolation::ThreadHoldsUnallocated {
+                        thread: i,
+                        address: *a,
+                    });
                 }
                 if !g.owners.get(a).is_some_and(|o| Arc::ptr_eq(o, local)) {
-                    return Err(format!("thread {i} holds {a:#x}, owned by another"));
+                    return Err(InvariantViolation::ThreadHoldsOthers {
+                        thread: i,
+                        address: *a,
+                    });
                 }
             }
             if let Some((a, _)) = st.parked.iter().find(|(a, _)| st.live.contains_key(a)) {
-                return Err(format!("thread {i} has {a:#x} both live and parked"));
+                return Err(InvariantViolation::LiveAndParked {
+                    thread: i,
+                    address: *a,
+                });
             }
         }
         if seen != g.owners.len() {
-            return Err(format!(
-                "{} owned blocks, {seen} held by threads",
-                g.owners.len()
-            ));
+            return Err(InvariantViolation::OwnerCount {
+                owned: g.owners.len(),
+                held: seen,
+            });
         }
         Ok(())
     }

@@ -59,6 +59,7 @@ pub use cuda::{CudaAllocator, CudaError, DeviceBlock, DeviceBuffer};
 pub use error::{Error, OutOfMemory};
 pub use frontend::Allocator;
 pub use history::{TraceAction, TraceEvent};
+pub use invariants::InvariantViolation;
 pub use policy::{AdoptedBlock, AdoptedSegment, AdoptedState, BlockInfo, CachingCore, SegmentInfo};
 pub use settings::{Settings, SettingsError};
 pub use stats::{Stat, StatArray, Stats};

@@ -26,6 +26,7 @@ mod threads;
 
 pub use adopt::{AdoptedBlock, AdoptedSegment, AdoptedState};
 pub use config::{MAX_ALLOC_SIZE, ModelConfig, ModelError};
+pub use invariants::InvariantViolation;
 pub use state::{BlockState, ModelBlock, ModelSegment};
 pub use stats::{Stat, StatArray, Stats};
 

@@ -545,7 +545,7 @@ impl CudaAllocator {
     }
 
     /// Checks the policy core's invariants (see [`CachingCore::check_invariants`]).
-    pub fn check_invariants(&self) -> Result<(), String> {
+    pub fn check_invariants(&self) -> Result<(), crate::InvariantViolation> {
         self.inner.check_invariants()
     }
 }
