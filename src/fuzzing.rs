@@ -137,7 +137,7 @@ pub struct FaultHarness {
 }
 
 fn injected(e: &Error) -> bool {
-    matches!(e, Error::Backend(BackendError::Device { message, .. }) if message == "injected fault")
+    matches!(e, Error::Backend(BackendError::Injected { .. }))
 }
 
 impl FaultHarness {

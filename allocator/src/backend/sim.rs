@@ -195,11 +195,9 @@ fn take(counter: &mut u32) -> bool {
     }
 }
 
+/// The error an injected fault reports.
 fn device_error(operation: &'static str) -> BackendError {
-    BackendError::Device {
-        operation,
-        message: "injected fault".to_string(),
-    }
+    BackendError::Injected { operation }
 }
 
 impl Backend for SimDevice {
@@ -335,6 +333,35 @@ mod tests {
         assert_eq!(b, SIM_BASE_ADDRESS + (20 << 20));
         d.free(a, 20 << 20).unwrap();
         assert_eq!(d.allocate(4 << 20).unwrap(), SIM_BASE_ADDRESS);
+    }
+
+    #[test]
+    fn injected_faults_are_typed_and_read_as_before() {
+        let mut d = SimDevice::new(1 << 30);
+        d.inject(Faults {
+            alloc_error: 1,
+            record_error: 1,
+            ..Faults::default()
+        });
+        let e = d.allocate(2 << 20).unwrap_err();
+        assert_eq!(
+            e,
+            BackendError::Injected {
+                operation: "allocate"
+            }
+        );
+        assert_eq!(e.to_string(), "device error in allocate: injected fault");
+        assert!(matches!(
+            d.record_event(StreamId(1)),
+            Err(BackendError::Injected {
+                operation: "record_event"
+            })
+        ));
+        // A real error of the device is not an injected one.
+        assert!(matches!(
+            d.free(0x1000, 512),
+            Err(BackendError::Device { .. })
+        ));
     }
 
     #[test]
