@@ -98,7 +98,12 @@ pub type Layout = Vec<(u64, u64, u64, bool, Vec<(u64, u64, u64, u8)>)>;
 
 /// The allocator's layout in the common form.
 pub fn allocator_layout(core: &CachingCore<SimDevice>) -> Layout {
-    core.segments()
+    segments_layout(core.segments())
+}
+
+/// The allocator's segments (`segments()` of the core or the front end) in the common form.
+pub fn segments_layout(segments: Vec<cachalot::SegmentInfo>) -> Layout {
+    segments
         .into_iter()
         .map(|s| {
             let blocks = s

@@ -15,7 +15,7 @@ use cachalot_model::Model;
 use proptest::prelude::*;
 
 use crate::differential::{
-    Outcome, allocator_layout, compare_stats, foreign_address, from_alloc, from_model, model_layout,
+    Outcome, compare_stats, foreign_address, from_alloc, from_model, model_layout, segments_layout,
 };
 use crate::op::{Op, STREAMS, op_strategy};
 use crate::scenario::{Knobs, knobs_strategy};
@@ -245,8 +245,7 @@ impl ThreadedDifferential {
             }
             Op::CompleteStream { stream } => {
                 let s = Self::stream(stream);
-                self.alloc
-                    .with_core(|c| c.backend_mut().complete_stream(StreamId(s)));
+                self.alloc.with_backend(|d| d.complete_stream(StreamId(s)));
                 self.model.complete_stream(s);
                 (Outcome::Ok(0), Outcome::Ok(0))
             }
@@ -264,7 +263,7 @@ impl ThreadedDifferential {
             }
             Op::FailDeviceAllocs { n } => {
                 self.alloc
-                    .with_core(|c| c.backend_mut().fail_next_allocs(u32::from(n)));
+                    .with_backend(|d| d.fail_next_allocs(u32::from(n)));
                 self.model.fail_next_device_allocs(u32::from(n));
                 (Outcome::Ok(0), Outcome::Ok(0))
             }
@@ -281,7 +280,7 @@ impl ThreadedDifferential {
             }
             Op::Adopt { ref segment } => {
                 let seg = segment.to_allocator();
-                let a = from_alloc(self.alloc.with_core(|c| c.adopt_segment(seg)), |_| 0);
+                let a = from_alloc(self.alloc.adopt_segment(seg), |_| 0);
                 let m = from_model(self.model.adopt_segment(segment.to_model()), |_| 0);
                 if (&a, &m) == (&Outcome::Ok(0), &Outcome::Ok(0)) {
                     // Adopted allocations belong to no thread (rule 18c).
@@ -291,8 +290,7 @@ impl ThreadedDifferential {
                 (a, m)
             }
             Op::SetNextAddress { address } => {
-                self.alloc
-                    .with_core(|c| c.backend_mut().set_next_address(address));
+                self.alloc.with_backend(|d| d.set_next_address(address));
                 self.model.set_next_address(address);
                 (Outcome::Ok(0), Outcome::Ok(0))
             }
@@ -308,7 +306,7 @@ impl ThreadedDifferential {
     /// checks (the front end's covers the thread caches).
     pub fn compare(&self) -> Result<(), String> {
         compare_stats(&self.alloc.stats(), &self.model.stats())?;
-        let la = self.alloc.with_core(|c| allocator_layout(c));
+        let la = segments_layout(self.alloc.segments());
         let lm = model_layout(&self.model);
         if la != lm {
             return Err(format!(
@@ -316,7 +314,7 @@ impl ThreadedDifferential {
             ));
         }
         let (ua, um) = (
-            self.alloc.with_core(|c| c.backend().used()),
+            self.alloc.with_backend(|d| d.used()),
             self.model.device_used(),
         );
         if ua != um {
@@ -369,7 +367,7 @@ pub fn run_thread_scenario(scenario: &ThreadScenario) -> Result<(), String> {
         thread: 1,
         op: Op::EmptyCache,
     })?;
-    let used = d.alloc.with_core(|c| c.backend().used());
+    let used = d.alloc.with_backend(|d| d.used());
     if used != 0 {
         return Err(format!(
             "{used} bytes still held after freeing everything and emptying the cache"

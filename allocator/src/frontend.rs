@@ -15,7 +15,7 @@ use rustc_hash::FxHashMap;
 use crate::backend::{Backend, StreamId};
 use crate::error::Error;
 use crate::invariants::InvariantViolation;
-use crate::policy::{CachingCore, SegmentInfo};
+use crate::policy::{AdoptedSegment, CachingCore, SegmentInfo};
 use crate::settings::Settings;
 use crate::sizes::MAX_ALLOC_SIZE;
 use crate::stats::Stats;
@@ -385,11 +385,26 @@ impl<B: Backend> Allocator<B> {
         Ok(())
     }
 
-    /// Runs `f` with exclusive access to the core (and through it, the backend).
+    /// The settings in force (a copy).
+    pub fn settings(&self) -> Settings {
+        self.lock().core.settings().clone()
+    }
+
+    /// Rule 18: takes over a segment the device already holds, with its layout; see
+    /// [`CachingCore::adopt_segment`]. Its allocated blocks become live allocations of no
+    /// thread: any thread may free them, and none keeps them in its cache.
+    pub fn adopt_segment(&self, segment: AdoptedSegment) -> Result<(), Error> {
+        self.lock().core.adopt_segment(segment)
+    }
+
+    /// Runs `f` on the device backend, under the shared lock: for tests and tools that drive
+    /// the device itself — the simulated device's stream completions, injected faults and
+    /// scripted addresses ([`crate::SimDevice`]), or reading its memory in use.
     ///
-    /// This bypasses the thread caches: a block obtained from [`Allocator::malloc`] must be
-    /// freed and recorded through the `Allocator`'s methods, not through the core.
-    pub fn with_core<R>(&self, f: impl FnOnce(&mut CachingCore<B>) -> R) -> R {
-        f(&mut self.lock().core)
+    /// The backend's memory is the allocator's: `f` must not free or allocate segments
+    /// through it, or the allocator's segments and the device's disagree (the simulated device
+    /// then reports errors; a real device may hand freed memory to someone else).
+    pub fn with_backend<R>(&self, f: impl FnOnce(&mut B) -> R) -> R {
+        f(self.lock().core.backend_mut())
     }
 }
