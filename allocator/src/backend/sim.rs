@@ -471,4 +471,49 @@ mod tests {
         assert!(d.free(a, 2 << 20).is_ok());
         assert_eq!(d.used(), 0);
     }
+
+    #[test]
+    fn a_zero_size_allocation_fails_as_out_of_memory() {
+        let mut d = SimDevice::new(10 << 20).with_address_script([0x1000_0000]);
+        assert_eq!(d.allocate(0), Err(BackendError::OutOfMemory));
+        assert_eq!(d.used(), 0);
+        // The script was not consumed.
+        assert_eq!(d.allocate(1 << 20).unwrap(), 0x1000_0000);
+    }
+
+    #[test]
+    fn no_usable_address_left_is_out_of_memory_and_keeps_the_next_address() {
+        let mut d = SimDevice::new(u64::MAX);
+        // A live range from the base to the top of the address space: nothing fits above it.
+        d.adopt(SIM_BASE_ADDRESS, u64::MAX - SIM_BASE_ADDRESS)
+            .unwrap();
+        d.set_next_address(Some(SIM_BASE_ADDRESS));
+        assert_eq!(d.allocate(2 << 20), Err(BackendError::OutOfMemory));
+        assert_eq!(d.next_address, Some(SIM_BASE_ADDRESS));
+        // Below the base is never chosen by the device itself, but a usable next address is.
+        d.set_next_address(Some(0x1000_0000));
+        assert_eq!(d.allocate(2 << 20).unwrap(), 0x1000_0000);
+        assert_eq!(d.next_address, None);
+    }
+
+    #[test]
+    fn an_unusable_range_is_refused_before_the_capacity_is_looked_at() {
+        let mut d = SimDevice::new(4 << 20);
+        d.adopt(SIM_BASE_ADDRESS, 4 << 20).unwrap();
+        // Both overlapping and beyond the capacity: refused as unusable (a device error).
+        for (address, size) in [
+            (SIM_BASE_ADDRESS, 8 << 20),
+            (0x1000_0000, 0),
+            (u64::MAX - 511, 2 << 20),
+        ] {
+            assert!(
+                matches!(d.adopt(address, size), Err(BackendError::Device { .. })),
+                "{address:#x} +{size}"
+            );
+        }
+        assert_eq!(
+            d.adopt(0x1000_0000, 2 << 20),
+            Err(BackendError::OutOfMemory)
+        );
+    }
 }

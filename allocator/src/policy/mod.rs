@@ -21,6 +21,8 @@ use crate::stats::Stats;
 
 mod adopt;
 mod release;
+#[cfg(test)]
+mod tests;
 
 pub use adopt::{AdoptedBlock, AdoptedSegment, AdoptedState};
 
@@ -460,8 +462,13 @@ impl<B: Backend> CachingCore<B> {
     }
 
     /// Marks the allocated block at `address` as used on `stream`: when freed, it is not reused
-    /// until the work queued on `stream` by then has completed.
+    /// until the work queued on `stream` by then has completed. Address 0 (a zero-size
+    /// allocation's) is a no-op, as PyTorch's `recordStream` of a null pointer; an address that
+    /// is not a live allocation is an error and changes nothing (rule 15).
     pub fn record_stream(&mut self, address: u64, stream: StreamId) -> Result<(), Error> {
+        if address == 0 {
+            return Ok(());
+        }
         let id = *self
             .live
             .get(&address)
