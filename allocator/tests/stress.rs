@@ -6,6 +6,7 @@
 //!
 //! Operations per thread: `CACHALOT_STRESS_OPS`, else 10^6 — the full run, in CI too (about 30 s
 //! for both front ends in a debug build on 2 cores, 3 s in release).
+#![cfg(not(loom))]
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, mpsc};
