@@ -34,6 +34,7 @@ use crate::thread_cache::{self, Local, LocalState, Meta, Registry};
 /// PyTorch's allocator does.
 ///
 /// ```
+/// # if cachalot::LOOM_BUILD { return; } // built for loom: an Allocator lives in a loom model only
 /// use cachalot::{Allocator, Settings, SimDevice, StreamId};
 ///
 /// let alloc = Allocator::new(SimDevice::new(1 << 30), Settings::default()).unwrap();
