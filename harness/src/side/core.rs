@@ -110,7 +110,7 @@ pub fn adoption_from_allocator(s: &AdoptedSegment) -> Adoption {
 
 /// Whether `e` is a failure the simulated device was told to inject.
 fn injected(e: &Error) -> bool {
-    matches!(e, Error::Backend(BackendError::Device { message, .. }) if message == "injected fault")
+    matches!(e, Error::Backend(BackendError::Injected { .. }))
 }
 
 /// The allocator's result as an [`Outcome`], with `value` giving the number to compare.

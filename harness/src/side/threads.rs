@@ -142,21 +142,18 @@ impl Side for ThreadedSide {
             }
             Call::CompleteStream { stream } => {
                 self.alloc
-                    .with_core(|c| c.backend_mut().complete_stream(StreamId(stream)));
+                    .with_backend(|d| d.complete_stream(StreamId(stream)));
                 Outcome::Ok(0)
             }
             Call::FailDeviceAllocs { n } => {
-                self.alloc
-                    .with_core(|c| c.backend_mut().fail_next_allocs(n));
+                self.alloc.with_backend(|d| d.fail_next_allocs(n));
                 Outcome::Ok(0)
             }
             Call::Adopt { ref segment } => {
-                let segment = to_allocator(segment);
-                outcome(self.alloc.with_core(|c| c.adopt_segment(segment)), |()| 0)
+                outcome(self.alloc.adopt_segment(to_allocator(segment)), |()| 0)
             }
             Call::SetNextAddress { address } => {
-                self.alloc
-                    .with_core(|c| c.backend_mut().set_next_address(address));
+                self.alloc.with_backend(|d| d.set_next_address(address));
                 Outcome::Ok(0)
             }
         }
@@ -166,7 +163,7 @@ impl Side for ThreadedSide {
         Ok(Observation {
             stats: flatten_stats(&self.alloc.stats())?,
             layout: layout(self.alloc.segments()),
-            device_used: self.alloc.with_core(|c| c.backend().used()),
+            device_used: self.alloc.with_backend(|d| d.used()),
             thread_cached_blocks: self.alloc.thread_cached_blocks(),
         })
     }
