@@ -40,11 +40,6 @@ fn sidecar(pickle: &Path) -> Option<PathBuf> {
     [beside, original].into_iter().find(|p| p.is_file())
 }
 
-/// Replays every device of `pickle` side by side under its recorded settings.
-fn replay_fixture(pickle: &Path) -> Result<Vec<Replayed>, String> {
-    replay_fixture_with(pickle, None)
-}
-
 /// Replays every device of `pickle` side by side, under its recorded settings or, with
 /// `squeeze`, under other ones on a device just larger than PyTorch's peak (then starting
 /// from the live tensors, placed by that policy, as `cachalot replay --config` does).
