@@ -13,6 +13,8 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 use cachalot::{Allocator, Error, Settings, SimDevice, StreamId};
+use rand::rngs::Xoshiro256PlusPlus;
+use rand::{RngExt, SeedableRng};
 
 const THREADS: u64 = 8;
 const MIB: u64 = 1 << 20;
@@ -24,18 +26,15 @@ fn ops_per_thread() -> u64 {
         .unwrap_or(1_000_000)
 }
 
-/// xorshift64*: a tiny deterministic generator per thread.
-struct Rng(u64);
+/// A deterministic generator (`rand`'s xoshiro256++, seeded), one per thread.
+struct Rng(Xoshiro256PlusPlus);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    fn seeded(seed: u64) -> Rng {
+        Rng(Xoshiro256PlusPlus::seed_from_u64(seed))
     }
     fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        self.0.random_range(0..n)
     }
 }
 
@@ -57,7 +56,7 @@ fn remove(shadow: &Shadow, p: u64) {
 }
 
 fn worker(a: &Allocator<SimDevice>, shadow: &Shadow, exchange: &Mutex<Vec<u64>>, seed: u64) {
-    let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let mut rng = Rng::seeded(seed);
     let mut live: Vec<u64> = Vec::new();
     let sizes = [512, 4096, 65536, MIB, 3 * MIB, 24 * MIB];
     for _ in 0..ops_per_thread() {
