@@ -95,7 +95,7 @@ for t in $TARGETS; do
         for a in $(ls -t "$artifacts" | head -n "$(( new > 0 ? new : 1 ))"); do
             echo "!! reproduce:  cd $FUZZ && RUSTC_BOOTSTRAP=1 cargo fuzz run -s $SANITIZER $t artifacts/$t/$a"
             echo "!!    or:      $BIN/$t $artifacts/$a"
-            echo "!! keep it:    cp $artifacts/$a $FUZZ/regressions/$t/  (then cargo test --test fuzz_corpus)"
+            echo "!! keep it:    cp $artifacts/$a $FUZZ/regressions/$t/  (then cargo test -p cachalot-harness --test fuzz_corpus)"
         done
     fi
     summary+=("$line")

@@ -1,13 +1,13 @@
-//! `cachalot-tools`: the meeting point of the allocator (`cachalot`) and its reference model
-//! (`cachalot-model`): the operation type, the differential harness, PyTorch snapshot reading and
-//! writing, and the replay engine behind the `cachalot` command-line program.
+//! `cachalot-tools`: the `cachalot` command-line program and the library behind it — PyTorch
+//! memory snapshot reading and writing, the reconstruction of the state when recording began,
+//! the replay engine, its self-check against the dumped state, and the export of a replay as a
+//! snapshot.
+//!
+//! The test harness (operations, scenarios, and the driver that runs the allocator and its
+//! reference model side by side) is the separate, unpublished `cachalot-harness` crate
+//! (`harness/`); this crate depends on no test crate.
 
-pub mod differential;
 pub mod export;
-pub mod fuzzing;
-pub mod op;
 pub mod replay;
-pub mod scenario;
 pub mod selfcheck;
 pub mod snapshot;
-pub mod threaded;

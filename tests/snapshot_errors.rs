@@ -8,6 +8,8 @@ use cachalot_tools::snapshot::{
     ReadLimits, SnapshotError, parse_snapshot, parse_snapshot_with_limits, read_figures,
     read_snapshot, read_snapshot_with_limits,
 };
+use rand::rngs::Xoshiro256PlusPlus;
+use rand::{RngExt, SeedableRng};
 use serde_pickle::{HashableValue as H, Value as V};
 
 mod common;
@@ -296,28 +298,18 @@ fn an_integer_wider_than_64_bits_is_absurd() {
     assert!(matches!(err, SnapshotError::Absurd { .. }), "{err}");
 }
 
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
+/// A deterministic generator (`rand`'s xoshiro256++, seeded).
+fn seeded(seed: u64) -> Xoshiro256PlusPlus {
+    Xoshiro256PlusPlus::seed_from_u64(seed)
 }
 
 #[test]
 fn random_bytes_never_panic() {
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rng = seeded(0x9e37_79b9_7f4a_7c15);
     let mut errors = 0;
     for round in 0..4000 {
-        let len = rng.below(300);
-        let mut bytes: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+        let len = rng.random_range(0..300);
+        let mut bytes: Vec<u8> = (0..len).map(|_| rng.random::<u8>()).collect();
         if round % 2 == 0 && bytes.len() >= 2 {
             // look like a protocol 4 pickle, to get past the first opcode
             bytes[0] = 0x80;
@@ -327,8 +319,8 @@ fn random_bytes_never_panic() {
             // draw opcodes from the ones snapshots use
             const OPS: &[u8] = b"}](Kqh\x94\x8c\x95eua.0)\x85\x86tlds";
             for b in bytes.iter_mut().skip(2) {
-                if rng.below(3) > 0 {
-                    *b = OPS[rng.below(OPS.len())];
+                if rng.random_range(0..3) > 0 {
+                    *b = OPS[rng.random_range(0..OPS.len())];
                 }
             }
         }
@@ -346,15 +338,15 @@ fn random_bytes_never_panic() {
 #[test]
 fn mutated_snapshots_never_panic() {
     let original = fixture_bytes("fraction_oom_retry.pickle");
-    let mut rng = Rng(42);
+    let mut rng = seeded(42);
     for _ in 0..1500 {
         let mut bytes = original.clone();
-        for _ in 0..1 + rng.below(4) {
-            let i = rng.below(bytes.len());
-            bytes[i] = rng.next() as u8;
+        for _ in 0..1 + rng.random_range(0..4) {
+            let i = rng.random_range(0..bytes.len());
+            bytes[i] = rng.random::<u8>();
         }
-        if rng.below(4) == 0 {
-            let cut = rng.below(bytes.len());
+        if rng.random_range(0..4) == 0 {
+            let cut = rng.random_range(0..bytes.len());
             bytes.truncate(cut);
         }
         let _ = parse_snapshot(&bytes);

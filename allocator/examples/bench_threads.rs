@@ -105,14 +105,11 @@ fn gpu() -> Result<(), Box<dyn std::error::Error>> {
     table(
         &format!("CUDA backend, {name}"),
         &mut |settings| {
-            let core = CachingCore::new(CudaBackend::new(ctx.clone()).unwrap(), settings).unwrap();
-            let a = Allocator::from_core(core);
-            a.with_core(|c| {
-                for s in &streams {
-                    c.backend_mut().retain_stream(s);
-                }
-            });
-            a
+            let mut backend = CudaBackend::new(ctx.clone()).unwrap();
+            for s in &streams {
+                backend.retain_stream(s);
+            }
+            Allocator::from_core(CachingCore::new(backend, settings).unwrap())
         },
         &ids,
     );

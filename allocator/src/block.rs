@@ -9,6 +9,10 @@ use crate::sizes::Pool;
 /// The index of a block in the [`Slab`].
 pub(crate) type BlockId = u32;
 
+/// A key of a pool's free set, ordered `(stream, size, address)`: best fit is the first key at
+/// or after `(stream, size, 0)`.
+pub(crate) type FreeKey = (StreamId, u64, u64, BlockId);
+
 /// What a block is doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub enum BlockState {

@@ -14,7 +14,8 @@ use rustc_hash::FxHashMap;
 
 use crate::backend::{Backend, StreamId};
 use crate::error::Error;
-use crate::policy::{CachingCore, SegmentInfo};
+use crate::invariants::InvariantViolation;
+use crate::policy::{AdoptedSegment, CachingCore, SegmentInfo};
 use crate::settings::Settings;
 use crate::sizes::MAX_ALLOC_SIZE;
 use crate::stats::Stats;
@@ -33,6 +34,7 @@ use crate::thread_cache::{self, Local, LocalState, Meta, Registry};
 /// PyTorch's allocator does.
 ///
 /// ```
+/// # if cachalot::LOOM_BUILD { return; } // built for loom: an Allocator lives in a loom model only
 /// use cachalot::{Allocator, Settings, SimDevice, StreamId};
 ///
 /// let alloc = Allocator::new(SimDevice::new(1 << 30), Settings::default()).unwrap();
@@ -331,7 +333,7 @@ impl<B: Backend> Allocator<B> {
 
     /// Checks the core's invariants, and the thread caches': every block a thread holds is
     /// allocated in the core and belongs to exactly that thread; no cache is over capacity.
-    pub fn check_invariants(&self) -> Result<(), String> {
+    pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
         let g = self.lock();
         g.core.check_invariants()?;
         let allocated: std::collections::HashSet<u64> = g
@@ -346,42 +348,64 @@ impl<B: Backend> Allocator<B> {
         for (i, local) in g.threads.iter().enumerate() {
             let st = lock(&local.state);
             if st.parked.len() > self.shared.capacity {
-                return Err(format!(
-                    "thread {i} keeps {} blocks, more than {}",
-                    st.parked.len(),
-                    self.shared.capacity
-                ));
+                return Err(InvariantViolation::ThreadCacheOverfull {
+                    thread: i,
+                    kept: st.parked.len(),
+                    capacity: self.shared.capacity,
+                });
             }
             let addresses = st.live.keys().chain(st.parked.iter().map(|(a, _)| a));
             for a in addresses {
                 seen += 1;
                 if !allocated.contains(a) {
-                    return Err(format!(
-                        "thread {i} holds {a:#x}, not allocated in the core"
-                    ));
+                    return Err(InvariantViolation::ThreadHoldsUnallocated {
+                        thread: i,
+                        address: *a,
+                    });
                 }
                 if !g.owners.get(a).is_some_and(|o| Arc::ptr_eq(o, local)) {
-                    return Err(format!("thread {i} holds {a:#x}, owned by another"));
+                    return Err(InvariantViolation::ThreadHoldsOthers {
+                        thread: i,
+                        address: *a,
+                    });
                 }
             }
             if let Some((a, _)) = st.parked.iter().find(|(a, _)| st.live.contains_key(a)) {
-                return Err(format!("thread {i} has {a:#x} both live and parked"));
+                return Err(InvariantViolation::LiveAndParked {
+                    thread: i,
+                    address: *a,
+                });
             }
         }
         if seen != g.owners.len() {
-            return Err(format!(
-                "{} owned blocks, {seen} held by threads",
-                g.owners.len()
-            ));
+            return Err(InvariantViolation::OwnerCount {
+                owned: g.owners.len(),
+                held: seen,
+            });
         }
         Ok(())
     }
 
-    /// Runs `f` with exclusive access to the core (and through it, the backend).
+    /// The settings in force (a copy).
+    pub fn settings(&self) -> Settings {
+        self.lock().core.settings().clone()
+    }
+
+    /// Rule 18: takes over a segment the device already holds, with its layout; see
+    /// [`CachingCore::adopt_segment`]. Its allocated blocks become live allocations of no
+    /// thread: any thread may free them, and none keeps them in its cache.
+    pub fn adopt_segment(&self, segment: AdoptedSegment) -> Result<(), Error> {
+        self.lock().core.adopt_segment(segment)
+    }
+
+    /// Runs `f` on the device backend, under the shared lock: for tests and tools that drive
+    /// the device itself — the simulated device's stream completions, injected faults and
+    /// scripted addresses ([`crate::SimDevice`]), or reading its memory in use.
     ///
-    /// This bypasses the thread caches: a block obtained from [`Allocator::malloc`] must be
-    /// freed and recorded through the `Allocator`'s methods, not through the core.
-    pub fn with_core<R>(&self, f: impl FnOnce(&mut CachingCore<B>) -> R) -> R {
-        f(&mut self.lock().core)
+    /// The backend's memory is the allocator's: `f` must not free or allocate segments
+    /// through it, or the allocator's segments and the device's disagree (the simulated device
+    /// then reports errors; a real device may hand freed memory to someone else).
+    pub fn with_backend<R>(&self, f: impl FnOnce(&mut B) -> R) -> R {
+        f(self.lock().core.backend_mut())
     }
 }

@@ -1,16 +1,193 @@
 //! The invariant checker: every structural and statistical invariant of the core, recomputed
-//! from scratch.
+//! from scratch, and the typed answer when one is broken ([`InvariantViolation`]).
 //!
 //! The one rule: nothing here trusts an incremental counter; each is compared against a value
-//! rebuilt from the blocks themselves.
+//! rebuilt from the blocks themselves. The checker reads the core through [`CoreParts`], a
+//! read-only view the core hands it, so it depends on the blocks and not on the policy.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
-use crate::backend::Backend;
-use crate::block::{BlockId, BlockState};
-use crate::policy::CachingCore;
+use rustc_hash::FxHashMap;
+
+use crate::backend::{EventId, StreamId};
+use crate::block::{BlockId, BlockState, FreeKey, Slab};
 use crate::sizes::{MIN_BLOCK_SIZE, Pool, SMALL_BUFFER};
-use crate::stats::StatArray;
+use crate::stats::{StatArray, Stats};
+
+/// The first invariant found broken by [`crate::CachingCore::check_invariants`] or
+/// [`crate::Allocator::check_invariants`]. Each variant names the block, segment, statistic or
+/// thread cache at fault; its message is the one a test failure prints.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvariantViolation {
+    /// A block's link to its previous neighbour does not point back at the block before it.
+    #[error("block {address:#x}: prev link broken")]
+    BrokenLink {
+        /// The block's address.
+        address: u64,
+    },
+    /// A block does not start where the block before it in its segment ends.
+    #[error("block {address:#x}: segment has a gap or overlap at {expected:#x}")]
+    GapOrOverlap {
+        /// The block's address.
+        address: u64,
+        /// Where the previous block ends.
+        expected: u64,
+    },
+    /// A block whose address or size is not a multiple of 512 (or smaller than 512).
+    #[error("block {address:#x}+{size}: not 512-aligned")]
+    Misaligned {
+        /// The block's address.
+        address: u64,
+        /// Its size.
+        size: u64,
+    },
+    /// A block whose pool or stream is not its segment's.
+    #[error("block {address:#x}: pool or stream differs from its segment")]
+    SegmentMismatch {
+        /// The block's address.
+        address: u64,
+    },
+    /// A free block missing from its pool's free set, or present in the live map.
+    #[error("free block {address:#x}: free-set membership wrong")]
+    FreeSetMembership {
+        /// The block's address.
+        address: u64,
+    },
+    /// Two free blocks next to each other in a segment (rule 10 merges them).
+    #[error("free block {address:#x}: unmerged free neighbour")]
+    UnmergedFree {
+        /// The address of the second of the two.
+        address: u64,
+    },
+    /// An allocated block missing from the live map, or present in a free set.
+    #[error("allocated block {address:#x}: index membership wrong")]
+    AllocatedIndex {
+        /// The block's address.
+        address: u64,
+    },
+    /// A pending block present in the live map or a free set.
+    #[error("pending block {address:#x}: index membership wrong")]
+    PendingIndex {
+        /// The block's address.
+        address: u64,
+    },
+    /// A pending block whose count of outstanding events differs from the events queued for it.
+    #[error("pending block {address:#x}: waits for {waits} events, {queued} queued")]
+    PendingEvents {
+        /// The block's address.
+        address: u64,
+        /// The events it waits for.
+        waits: u32,
+        /// The events queued for it.
+        queued: u32,
+    },
+    /// A small-pool segment that is not 2 MiB.
+    #[error("small segment {address:#x} is {size} bytes")]
+    SmallSegmentSize {
+        /// The segment's address.
+        address: u64,
+        /// Its size.
+        size: u64,
+    },
+    /// Blocks in the slab that no segment reaches.
+    #[error("{slab} blocks in the slab, {reachable} reachable from segment heads")]
+    Unreachable {
+        /// Blocks in the slab.
+        slab: usize,
+        /// Blocks reached from segment heads.
+        reachable: usize,
+    },
+    /// The live map holds more entries than there are allocated blocks.
+    #[error("live map holds blocks that are not allocated")]
+    LiveMap,
+    /// The free sets hold more entries than there are free blocks.
+    #[error("free sets hold blocks that are not free")]
+    FreeSets,
+    /// Two segments share addresses.
+    #[error("segments {first:#x} and {second:#x} overlap")]
+    SegmentsOverlap {
+        /// The lower segment's address.
+        first: u64,
+        /// The higher segment's address.
+        second: u64,
+    },
+    /// A statistic's current values differ from the values recomputed from the blocks.
+    #[error("{name}: counters say {have:?} (all, small, large), blocks add up to {want:?}")]
+    Statistic {
+        /// The statistic's name, as in [`Stats`].
+        name: &'static str,
+        /// Its current values: all, small pool, large pool.
+        have: [i64; 3],
+        /// The values the blocks add up to.
+        want: [i64; 3],
+    },
+    /// `oversize_allocations` or `oversize_segments` differs from the blocks.
+    #[error("oversize counters do not match the blocks")]
+    Oversize,
+    /// The reserved-bytes total differs from the sum of the segments.
+    #[error("reserved is {reserved} but segments add up to {segments}")]
+    Reserved {
+        /// The core's total.
+        reserved: u64,
+        /// The segments' sum.
+        segments: i64,
+    },
+    /// A thread cache keeps more blocks than `thread_cache_blocks` (rule 17).
+    #[error("thread {thread} keeps {kept} blocks, more than {capacity}")]
+    ThreadCacheOverfull {
+        /// The thread's place in the registration order.
+        thread: usize,
+        /// Blocks it keeps.
+        kept: usize,
+        /// Its capacity.
+        capacity: usize,
+    },
+    /// A thread holds (live or parked) a block that is not allocated in the core.
+    #[error("thread {thread} holds {address:#x}, not allocated in the core")]
+    ThreadHoldsUnallocated {
+        /// The thread's place in the registration order.
+        thread: usize,
+        /// The block's address.
+        address: u64,
+    },
+    /// A thread holds a block the front end says belongs to another thread.
+    #[error("thread {thread} holds {address:#x}, owned by another")]
+    ThreadHoldsOthers {
+        /// The thread's place in the registration order.
+        thread: usize,
+        /// The block's address.
+        address: u64,
+    },
+    /// A block both live and parked in one thread's cache.
+    #[error("thread {thread} has {address:#x} both live and parked")]
+    LiveAndParked {
+        /// The thread's place in the registration order.
+        thread: usize,
+        /// The block's address.
+        address: u64,
+    },
+    /// The front end's owner map and the threads' caches disagree on how many blocks threads
+    /// hold.
+    #[error("{owned} owned blocks, {held} held by threads")]
+    OwnerCount {
+        /// Entries in the owner map.
+        owned: usize,
+        /// Blocks the threads hold.
+        held: usize,
+    },
+}
+
+/// Read-only access to the core's structures, for the checker.
+pub(crate) struct CoreParts<'a> {
+    pub blocks: &'a Slab,
+    pub free: &'a [BTreeSet<FreeKey>; 2],
+    pub live: &'a FxHashMap<u64, BlockId>,
+    pub events: &'a BTreeMap<StreamId, VecDeque<(EventId, BlockId)>>,
+    pub stats: &'a Stats,
+    pub reserved: u64,
+    pub max_split: u64,
+}
 
 #[derive(Default)]
 struct Tally {
@@ -27,7 +204,11 @@ struct Tally {
     oversize_segments: i64,
 }
 
-fn check_array(name: &str, stat: &StatArray, per_pool: [i64; 2]) -> Result<(), String> {
+fn check_array(
+    name: &'static str,
+    stat: &StatArray,
+    per_pool: [i64; 2],
+) -> Result<(), InvariantViolation> {
     let want = [per_pool[0] + per_pool[1], per_pool[0], per_pool[1]];
     let have = [
         stat.all.current,
@@ -35,15 +216,13 @@ fn check_array(name: &str, stat: &StatArray, per_pool: [i64; 2]) -> Result<(), S
         stat.large_pool.current,
     ];
     if want != have {
-        return Err(format!(
-            "{name}: counters say {have:?} (all, small, large), blocks add up to {want:?}"
-        ));
+        return Err(InvariantViolation::Statistic { name, have, want });
     }
     Ok(())
 }
 
-pub(crate) fn check<B: Backend>(core: &CachingCore<B>) -> Result<(), String> {
-    let parts = core.parts();
+/// Checks every invariant of the core whose structures `parts` shows.
+pub(crate) fn check(parts: CoreParts<'_>) -> Result<(), InvariantViolation> {
     let blocks = parts.blocks;
     let mut t = Tally::default();
     let mut seen = 0usize;
@@ -65,44 +244,35 @@ pub(crate) fn check<B: Backend>(core: &CachingCore<B>) -> Result<(), String> {
             let b = blocks.get(id);
             seen += 1;
             if b.prev != prev {
-                return Err(format!("block {:#x}: prev link broken", b.address));
+                return Err(InvariantViolation::BrokenLink { address: b.address });
             }
             if b.address != end {
-                return Err(format!(
-                    "block {:#x}: segment has a gap or overlap at {end:#x}",
-                    b.address
-                ));
+                return Err(InvariantViolation::GapOrOverlap {
+                    address: b.address,
+                    expected: end,
+                });
             }
             if !b.address.is_multiple_of(MIN_BLOCK_SIZE)
                 || b.size < MIN_BLOCK_SIZE
                 || !b.size.is_multiple_of(MIN_BLOCK_SIZE)
             {
-                return Err(format!(
-                    "block {:#x}+{}: not 512-aligned",
-                    b.address, b.size
-                ));
+                return Err(InvariantViolation::Misaligned {
+                    address: b.address,
+                    size: b.size,
+                });
             }
             if b.pool != hb.pool || b.stream != hb.stream {
-                return Err(format!(
-                    "block {:#x}: pool or stream differs from its segment",
-                    b.address
-                ));
+                return Err(InvariantViolation::SegmentMismatch { address: b.address });
             }
             let in_free = parts.free[p].contains(&(b.stream, b.size, b.address, id));
             let in_live = parts.live.get(&b.address) == Some(&id);
             match b.state {
                 BlockState::Free => {
                     if !in_free || in_live {
-                        return Err(format!(
-                            "free block {:#x}: free-set membership wrong",
-                            b.address
-                        ));
+                        return Err(InvariantViolation::FreeSetMembership { address: b.address });
                     }
                     if prev_free {
-                        return Err(format!(
-                            "free block {:#x}: unmerged free neighbour",
-                            b.address
-                        ));
+                        return Err(InvariantViolation::UnmergedFree { address: b.address });
                     }
                     if split {
                         t.inactive_split[p] += 1;
@@ -111,10 +281,7 @@ pub(crate) fn check<B: Backend>(core: &CachingCore<B>) -> Result<(), String> {
                 }
                 BlockState::Allocated => {
                     if in_free || !in_live {
-                        return Err(format!(
-                            "allocated block {:#x}: index membership wrong",
-                            b.address
-                        ));
+                        return Err(InvariantViolation::AllocatedIndex { address: b.address });
                     }
                     t.allocation[p] += 1;
                     t.allocated_bytes[p] += b.size as i64;
@@ -124,17 +291,15 @@ pub(crate) fn check<B: Backend>(core: &CachingCore<B>) -> Result<(), String> {
                 }
                 BlockState::Pending => {
                     if in_free || in_live {
-                        return Err(format!(
-                            "pending block {:#x}: index membership wrong",
-                            b.address
-                        ));
+                        return Err(InvariantViolation::PendingIndex { address: b.address });
                     }
                     let queued = pending_events.get(&id).copied().unwrap_or(0);
                     if queued == 0 || queued != b.event_count {
-                        return Err(format!(
-                            "pending block {:#x}: waits for {} events, {queued} queued",
-                            b.address, b.event_count
-                        ));
+                        return Err(InvariantViolation::PendingEvents {
+                            address: b.address,
+                            waits: b.event_count,
+                            queued,
+                        });
                     }
                 }
             }
@@ -150,7 +315,10 @@ pub(crate) fn check<B: Backend>(core: &CachingCore<B>) -> Result<(), String> {
         }
         let size = end - start;
         if hb.pool == Pool::Small && size != SMALL_BUFFER {
-            return Err(format!("small segment {start:#x} is {size} bytes"));
+            return Err(InvariantViolation::SmallSegmentSize {
+                address: start,
+                size,
+            });
         }
         t.segment[p] += 1;
         t.reserved[p] += size as i64;
@@ -160,13 +328,13 @@ pub(crate) fn check<B: Backend>(core: &CachingCore<B>) -> Result<(), String> {
         segments.push((start, size));
     }
     if seen != blocks.len() {
-        return Err(format!(
-            "{} blocks in the slab, {seen} reachable from segment heads",
-            blocks.len()
-        ));
+        return Err(InvariantViolation::Unreachable {
+            slab: blocks.len(),
+            reachable: seen,
+        });
     }
     if parts.live.len() as i64 != t.allocation[0] + t.allocation[1] {
-        return Err("live map holds blocks that are not allocated".into());
+        return Err(InvariantViolation::LiveMap);
     }
     if parts.free[0].len() + parts.free[1].len()
         != blocks
@@ -174,12 +342,15 @@ pub(crate) fn check<B: Backend>(core: &CachingCore<B>) -> Result<(), String> {
             .filter(|(_, b)| b.state == BlockState::Free)
             .count()
     {
-        return Err("free sets hold blocks that are not free".into());
+        return Err(InvariantViolation::FreeSets);
     }
     segments.sort_unstable();
     for w in segments.windows(2) {
         if w[0].0 + w[0].1 > w[1].0 {
-            return Err(format!("segments {:#x} and {:#x} overlap", w[0].0, w[1].0));
+            return Err(InvariantViolation::SegmentsOverlap {
+                first: w[0].0,
+                second: w[1].0,
+            });
         }
     }
     let s = parts.stats;
@@ -199,14 +370,13 @@ pub(crate) fn check<B: Backend>(core: &CachingCore<B>) -> Result<(), String> {
     if s.oversize_allocations.current != t.oversize_allocations
         || s.oversize_segments.current != t.oversize_segments
     {
-        return Err("oversize counters do not match the blocks".into());
+        return Err(InvariantViolation::Oversize);
     }
     if parts.reserved as i64 != t.reserved[0] + t.reserved[1] {
-        return Err(format!(
-            "reserved is {} but segments add up to {}",
-            parts.reserved,
-            t.reserved[0] + t.reserved[1]
-        ));
+        return Err(InvariantViolation::Reserved {
+            reserved: parts.reserved,
+            segments: t.reserved[0] + t.reserved[1],
+        });
     }
     Ok(())
 }

@@ -59,6 +59,13 @@ pub use cuda::{CudaAllocator, CudaError, DeviceBlock, DeviceBuffer};
 pub use error::{Error, OutOfMemory};
 pub use frontend::Allocator;
 pub use history::{TraceAction, TraceEvent};
+pub use invariants::InvariantViolation;
 pub use policy::{AdoptedBlock, AdoptedSegment, AdoptedState, BlockInfo, CachingCore, SegmentInfo};
 pub use settings::{Settings, SettingsError};
 pub use stats::{Stat, StatArray, Stats};
+
+/// Whether this build of cachalot runs on loom's primitives (`RUSTFLAGS="--cfg loom"`, for the
+/// loom models): an [`Allocator`] then works inside a loom model only, so the documentation's
+/// examples that make one skip themselves (rustdoc does not see `RUSTFLAGS`' `--cfg loom`).
+#[doc(hidden)]
+pub const LOOM_BUILD: bool = cfg!(loom);

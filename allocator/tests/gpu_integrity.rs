@@ -1,6 +1,7 @@
 //! GPU tests: data written through cachalot's buffers comes back intact, through copies and
 //! through a kernel, in every size class; freed blocks are reused; the raw-pointer API refuses
 //! bad frees. They skip (printing why) without a GPU; see `gpu_common`.
+#![cfg(not(loom))]
 
 mod gpu_common;
 

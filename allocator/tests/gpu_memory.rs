@@ -1,6 +1,7 @@
 //! GPU tests of the device's memory: out-of-memory under a memory fraction and on the real
 //! device, with the device's real figures and recovery afterwards; `empty_cache` giving memory
 //! back to the driver (as `cuMemGetInfo` sees it); and no leak once the last owner is gone.
+#![cfg(not(loom))]
 
 mod gpu_common;
 

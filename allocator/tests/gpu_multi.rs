@@ -1,6 +1,7 @@
 //! GPU test of two devices at once: one allocator per device, used from one thread per device
 //! at the same time, each reserving on its own device only. Skips with a message on machines
 //! with fewer than two GPUs unless `CACHALOT_REQUIRE_GPUS=2`.
+#![cfg(not(loom))]
 
 mod gpu_common;
 

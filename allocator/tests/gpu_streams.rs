@@ -2,6 +2,7 @@
 //! it is not handed out again until B is done — recorded automatically by copies and
 //! `Launch`, by hand with `record_stream` — and, with automatic recording off, the failure the
 //! rule prevents: the same memory handed out at once and overwritten under B's feet.
+#![cfg(not(loom))]
 
 mod gpu_common;
 

@@ -23,14 +23,14 @@ fn an_event_completing_while_another_thread_allocates_reuses_safely() {
             );
             let a1 = a.clone();
             let completer = loom::thread::spawn(move || {
-                a1.with_core(|c| c.backend_mut().complete_stream(StreamId(1)));
+                a1.with_backend(|d| d.complete_stream(StreamId(1)));
             });
             let (a2, sh2) = (a.clone(), shadow.clone());
             let allocator_thread = loom::thread::spawn(move || {
                 // Either the event has completed and `p` comes back, or a fresh block does;
                 // never `p` while the event is outstanding.
                 let q = sh2.malloc(&a2, 4096, 0);
-                let events = a2.with_core(|c| c.backend().live_events());
+                let events = a2.with_backend(|d| d.live_events());
                 assert!(
                     q != p || events == 0,
                     "{q:#x} reused before its event completed"

@@ -6,12 +6,15 @@
 //!
 //! Operations per thread: `CACHALOT_STRESS_OPS`, else 10^6 — the full run, in CI too (about 30 s
 //! for both front ends in a debug build on 2 cores, 3 s in release).
+#![cfg(not(loom))]
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 use cachalot::{Allocator, Error, Settings, SimDevice, StreamId};
+use rand::rngs::Xoshiro256PlusPlus;
+use rand::{RngExt, SeedableRng};
 
 const THREADS: u64 = 8;
 const MIB: u64 = 1 << 20;
@@ -23,18 +26,15 @@ fn ops_per_thread() -> u64 {
         .unwrap_or(1_000_000)
 }
 
-/// xorshift64*: a tiny deterministic generator per thread.
-struct Rng(u64);
+/// A deterministic generator (`rand`'s xoshiro256++, seeded), one per thread.
+struct Rng(Xoshiro256PlusPlus);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    fn seeded(seed: u64) -> Rng {
+        Rng(Xoshiro256PlusPlus::seed_from_u64(seed))
     }
     fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        self.0.random_range(0..n)
     }
 }
 
@@ -56,7 +56,7 @@ fn remove(shadow: &Shadow, p: u64) {
 }
 
 fn worker(a: &Allocator<SimDevice>, shadow: &Shadow, exchange: &Mutex<Vec<u64>>, seed: u64) {
-    let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let mut rng = Rng::seeded(seed);
     let mut live: Vec<u64> = Vec::new();
     let sizes = [512, 4096, 65536, MIB, 3 * MIB, 24 * MIB];
     for _ in 0..ops_per_thread() {
@@ -94,7 +94,7 @@ fn worker(a: &Allocator<SimDevice>, shadow: &Shadow, exchange: &Mutex<Vec<u64>>,
             a.record_stream(p, StreamId(rng.below(3))).unwrap();
         } else if r < 990 {
             let s = StreamId(rng.below(3));
-            a.with_core(|c| c.backend_mut().complete_stream(s));
+            a.with_backend(|d| d.complete_stream(s));
         } else if r < 992 {
             a.empty_cache().unwrap();
         } else if r < 999 {
@@ -146,7 +146,7 @@ fn stress(settings: Settings) {
     a.check_invariants().unwrap();
     // Nothing lost: every block came back, every segment can be released.
     for s in 0..3 {
-        a.with_core(|c| c.backend_mut().complete_stream(StreamId(s)));
+        a.with_backend(|d| d.complete_stream(StreamId(s)));
     }
     a.empty_cache().unwrap();
     a.check_invariants().unwrap();
@@ -157,9 +157,9 @@ fn stress(settings: Settings) {
     assert_eq!(s.segment.all.current, 0);
     assert_eq!(s.num_device_alloc, s.num_device_free);
     assert_eq!(a.thread_cached_blocks(), 0);
-    a.with_core(|c| {
-        assert_eq!(c.backend().used(), 0);
-        assert_eq!(c.backend().live_events(), 0);
+    a.with_backend(|d| {
+        assert_eq!(d.used(), 0);
+        assert_eq!(d.live_events(), 0);
     });
 }
 

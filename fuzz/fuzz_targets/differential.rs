@@ -2,7 +2,7 @@
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    if let Err(e) = cachalot_tools::fuzzing::differential(data) {
+    if let Err(e) = cachalot_harness::fuzzing::differential(data) {
         panic!("{e}");
     }
 });

@@ -2,7 +2,7 @@
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    if let Err(e) = cachalot_tools::fuzzing::snapshot_reader(data) {
+    if let Err(e) = cachalot_harness::fuzzing::snapshot_reader(data) {
         panic!("{e}");
     }
 });

@@ -6,9 +6,10 @@
 //! inserted as given, one event per named stream is recorded for each pending block, and the
 //! statistics are settled once from the new state, like every other sub-step of the model.
 
+use crate::device::{AdoptRefusal, overlaps};
 use crate::rules::{MIN_BLOCK_SIZE, MIN_LARGE_ALLOC, Pool, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE};
 use crate::state::{Block, BlockState, Event, Segment};
-use crate::{Model, ModelError, device::overlaps};
+use crate::{Model, ModelError};
 
 /// A segment the process already holds, as the model is told it (rule 18).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,11 +63,22 @@ impl Model {
         self.check_adoption(&segment)
             .map_err(|reason| ModelError::InvalidAdoption { reason })?;
         // Rule 18b: the device is told.
-        if !self.device.adopt(segment.address, segment.size) {
-            return Err(ModelError::AdoptionOutOfMemory {
-                size: segment.size,
-                device_free: self.device.capacity() - self.device.used(),
-            });
+        match self.device.adopt(segment.address, segment.size) {
+            Ok(()) => {}
+            Err(AdoptRefusal::OutOfMemory) => {
+                return Err(ModelError::AdoptionOutOfMemory {
+                    size: segment.size,
+                    device_free: self.device.capacity() - self.device.used(),
+                });
+            }
+            // Not reached after rule 18a, which refuses these ranges first (the device's live
+            // ranges are exactly the segments).
+            Err(AdoptRefusal::Unusable) => {
+                return Err(ModelError::InvalidAdoption {
+                    reason: "the device refuses the range: empty, overflowing or overlapping"
+                        .into(),
+                });
+            }
         }
         // Rule 18c: the layout as given; free blocks entered the free set now.
         let pool = if segment.small {

@@ -1,17 +1,27 @@
 //! The simulated device (ARCHITECTURE.md, "The simulated device").
 //!
-//! A capacity in bytes; an allocation succeeds when `used + size ≤ capacity` and the device
-//! is not told to fail; its address is the next address when one is set and usable, else the
-//! next usable one of the address script (unusable ones are consumed and skipped), else the
-//! lowest address at or above [`DEVICE_BASE`], aligned to 2 MiB, whose range overlaps no live
-//! allocation. Usable: nonzero, a multiple of 512, no overflow, overlapping no live range.
-//! Adopted ranges (rule 18) are live like allocated ones. The device keeps its own list of
-//! live allocations, so that the invariant checker can compare it with the model's segments.
+//! A capacity in bytes; an allocation succeeds when it is not told to fail, its size is
+//! nonzero, `used + size ≤ capacity`, and an address is found: the next address when one is
+//! set and usable, else the next usable one of the address script (unusable ones are consumed
+//! and skipped), else the lowest address at or above [`DEVICE_BASE`], aligned to 2 MiB, that
+//! is usable. Usable: nonzero, a multiple of 512, no overflow, overlapping no live range. A
+//! success clears the next address; a failure leaves it set. Adopted ranges (rule 18) are
+//! live like allocated ones. The device keeps its own list of live allocations, so that the
+//! invariant checker can compare it with the model's segments.
 
 /// The lowest address the device hands out when no script address is left.
 pub(crate) const DEVICE_BASE: u64 = 0x7f00_0000_0000;
 /// The alignment of addresses the device picks itself (2 MiB).
 pub(crate) const DEVICE_ALIGNMENT: u64 = 2 << 20;
+
+/// Why the device refused to adopt a range (rule 18b).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AdoptRefusal {
+    /// The range is empty, overflows, or overlaps a live range (checked first).
+    Unusable,
+    /// The range does not fit the capacity left.
+    OutOfMemory,
+}
 
 /// The simulated device.
 #[derive(Clone, Debug)]
@@ -66,30 +76,32 @@ impl Device {
         self.failures_ahead = self.failures_ahead.saturating_add(n);
     }
 
-    /// Allocates `size` bytes: the address, or `None` for out-of-memory.
+    /// Allocates `size` bytes: the address, or `None` for out-of-memory (told to fail, a
+    /// zero size, no room, or no usable address left).
     pub(crate) fn allocate(&mut self, size: u64) -> Option<u64> {
         if self.failures_ahead > 0 {
             self.failures_ahead -= 1;
             return None;
         }
-        if size > self.capacity - self.used() {
+        if size == 0 || size > self.capacity - self.used() {
             return None;
         }
-        let address = match self.next.take() {
+        let address = match self.next {
             Some(next) if self.usable(next, size) => next,
-            _ => self.scripted_or_lowest(size),
+            _ => self.scripted_or_lowest(size)?,
         };
+        self.next = None;
         self.live.push((address, size));
         Some(address)
     }
 
     /// The next usable script address (consuming the unusable ones before it), else the
-    /// lowest unused one.
-    fn scripted_or_lowest(&mut self, size: u64) -> u64 {
+    /// lowest usable one, if any.
+    fn scripted_or_lowest(&mut self, size: u64) -> Option<u64> {
         while !self.script.is_empty() {
             let candidate = self.script.remove(0);
             if self.usable(candidate, size) {
-                return candidate;
+                return Some(candidate);
             }
         }
         self.lowest_unused_address(size)
@@ -114,19 +126,23 @@ impl Device {
     }
 
     /// Rule 18: `size` bytes at `address` are already allocated; they count as used from now
-    /// on. False (nothing changes) when they do not fit the capacity left or overlap a live
-    /// range.
-    pub(crate) fn adopt(&mut self, address: u64, size: u64) -> bool {
-        if size > self.capacity - self.used()
+    /// on. Refused (nothing changes) when the range is empty, overflows or overlaps a live
+    /// range, else when it does not fit the capacity left.
+    pub(crate) fn adopt(&mut self, address: u64, size: u64) -> Result<(), AdoptRefusal> {
+        if size == 0
+            || address.checked_add(size).is_none()
             || self
                 .live
                 .iter()
                 .any(|&(a, s)| overlaps(address, size, a, s))
         {
-            return false;
+            return Err(AdoptRefusal::Unusable);
+        }
+        if size > self.capacity - self.used() {
+            return Err(AdoptRefusal::OutOfMemory);
         }
         self.live.push((address, size));
-        true
+        Ok(())
     }
 
     /// Frees the allocation at `address`.
@@ -142,29 +158,28 @@ impl Device {
         self.live.remove(index);
     }
 
-    /// The lowest 2 MiB-aligned address at or above [`DEVICE_BASE`] where `size` bytes
-    /// overlap no live allocation. That address is either the base itself or the end of some
-    /// live allocation rounded up to 2 MiB, so only those candidates are tried.
-    fn lowest_unused_address(&self, size: u64) -> u64 {
+    /// The lowest 2 MiB-aligned address at or above [`DEVICE_BASE`] where `size` bytes fit
+    /// below 2^64 and overlap no live allocation, if any. That address is either the base
+    /// itself or the end of some live allocation rounded up to 2 MiB, so only those
+    /// candidates are tried.
+    fn lowest_unused_address(&self, size: u64) -> Option<u64> {
         let mut candidates = vec![DEVICE_BASE];
         for &(address, live_size) in &self.live {
-            let end = address.saturating_add(live_size);
-            let aligned = end
-                .div_ceil(DEVICE_ALIGNMENT)
-                .saturating_mul(DEVICE_ALIGNMENT);
-            if aligned >= DEVICE_BASE {
+            let aligned = address
+                .checked_add(live_size)
+                .and_then(|end| end.checked_next_multiple_of(DEVICE_ALIGNMENT));
+            if let Some(aligned) = aligned.filter(|&a| a >= DEVICE_BASE) {
                 candidates.push(aligned);
             }
         }
         candidates.sort_unstable();
-        candidates
-            .into_iter()
-            .find(|&candidate| {
-                self.live
+        candidates.into_iter().find(|&candidate| {
+            candidate.checked_add(size).is_some()
+                && self
+                    .live
                     .iter()
                     .all(|&(address, live_size)| !overlaps(candidate, size, address, live_size))
-            })
-            .expect("the address space is exhausted")
+        })
     }
 }
 
@@ -258,12 +273,61 @@ mod tests {
     #[test]
     fn adopted_ranges_are_live_and_must_fit() {
         let mut device = Device::new(10 * MIB, Vec::new());
-        assert!(device.adopt(DEVICE_BASE, 4 * MIB));
-        assert!(!device.adopt(DEVICE_BASE + 2 * MIB, 2 * MIB));
-        assert!(!device.adopt(0x1000_0000, 8 * MIB));
+        assert_eq!(device.adopt(DEVICE_BASE, 4 * MIB), Ok(()));
+        assert_eq!(
+            device.adopt(DEVICE_BASE + 2 * MIB, 2 * MIB),
+            Err(AdoptRefusal::Unusable)
+        );
+        assert_eq!(
+            device.adopt(0x1000_0000, 8 * MIB),
+            Err(AdoptRefusal::OutOfMemory)
+        );
         assert_eq!(device.used(), 4 * MIB);
         assert_eq!(device.allocate(2 * MIB), Some(DEVICE_BASE + 4 * MIB));
         device.free(DEVICE_BASE);
         assert_eq!(device.used(), 2 * MIB);
+    }
+
+    #[test]
+    fn a_zero_size_allocation_fails_as_out_of_memory() {
+        let mut device = Device::new(10 * MIB, vec![0x1000_0000]);
+        assert_eq!(device.allocate(0), None);
+        assert_eq!(device.used(), 0);
+        // The script was not consumed.
+        assert_eq!(device.allocate(MIB), Some(0x1000_0000));
+    }
+
+    #[test]
+    fn no_usable_address_left_is_out_of_memory_and_keeps_the_next_address() {
+        let mut device = Device::new(u64::MAX, Vec::new());
+        // A live range from the base to the top of the address space: nothing fits above it.
+        assert_eq!(device.adopt(DEVICE_BASE, u64::MAX - DEVICE_BASE), Ok(()));
+        device.set_next_address(Some(DEVICE_BASE));
+        assert_eq!(device.allocate(2 * MIB), None);
+        assert_eq!(device.next, Some(DEVICE_BASE));
+        // Below the base is never chosen by the device itself, but a usable next address is.
+        device.set_next_address(Some(0x1000_0000));
+        assert_eq!(device.allocate(2 * MIB), Some(0x1000_0000));
+        assert_eq!(device.next, None);
+    }
+
+    #[test]
+    fn an_unusable_range_is_refused_before_the_capacity_is_looked_at() {
+        let mut device = Device::new(4 * MIB, Vec::new());
+        assert_eq!(device.adopt(DEVICE_BASE, 4 * MIB), Ok(()));
+        // Both overlapping and beyond the capacity: refused as unusable.
+        assert_eq!(
+            device.adopt(DEVICE_BASE, 8 * MIB),
+            Err(AdoptRefusal::Unusable)
+        );
+        assert_eq!(device.adopt(0x1000_0000, 0), Err(AdoptRefusal::Unusable));
+        assert_eq!(
+            device.adopt(u64::MAX - 511, 2 * MIB),
+            Err(AdoptRefusal::Unusable)
+        );
+        assert_eq!(
+            device.adopt(0x1000_0000, 2 * MIB),
+            Err(AdoptRefusal::OutOfMemory)
+        );
     }
 }

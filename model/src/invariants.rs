@@ -1,15 +1,185 @@
-//! The model's invariant checker: what must hold between any two operations.
+//! The model's invariant checker: what must hold between any two operations, and the typed
+//! answer when something does not ([`InvariantViolation`]).
 
 use crate::Model;
 use crate::device::overlaps;
 use crate::rules::{MIN_BLOCK_SIZE, MIN_LARGE_ALLOC, Pool, ROUND_LARGE, SMALL_BUFFER};
 use crate::state::{BlockState, Segment};
-use crate::stats::{Gauges, Stat, StatArray};
+use crate::stats::{Gauges, Stat, StatArray, Stats};
+
+/// The first invariant [`Model::check_invariants`] found broken. Each variant names the
+/// segment, block, event, statistic or thread at fault; its message is the one a test failure
+/// prints.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvariantViolation {
+    /// Two segments out of address order, or sharing addresses.
+    #[error(
+        "segments {first:#x} (+{first_size}) and {second:#x} (+{second_size}) are out of order or overlap"
+    )]
+    SegmentsOutOfOrder {
+        /// The earlier segment in the model's list.
+        first: u64,
+        /// Its size.
+        first_size: u64,
+        /// The later one.
+        second: u64,
+        /// Its size.
+        second_size: u64,
+    },
+    /// A small-pool segment that is not 2 MiB.
+    #[error("segment {segment:#x}: small segment of {size} bytes")]
+    SmallSegmentSize {
+        /// The segment's address.
+        segment: u64,
+        /// Its size.
+        size: u64,
+    },
+    /// A large-pool segment that is not a multiple of 2 MiB of at least 10 MiB.
+    #[error("segment {segment:#x}: large segment of {size} bytes")]
+    LargeSegmentSize {
+        /// The segment's address.
+        segment: u64,
+        /// Its size.
+        size: u64,
+    },
+    /// A block that does not start where the block before it ends.
+    #[error("segment {segment:#x}, block {block:#x}: expected at {expected:#x} (gap or overlap)")]
+    BlockMisplaced {
+        /// The segment's address.
+        segment: u64,
+        /// The block's address.
+        block: u64,
+        /// Where the previous block ends.
+        expected: u64,
+    },
+    /// A block whose size is not a nonzero multiple of 512.
+    #[error("segment {segment:#x}, block {block:#x}: size {size} is not a multiple of 512")]
+    BlockSize {
+        /// The segment's address.
+        segment: u64,
+        /// The block's address.
+        block: u64,
+        /// Its size.
+        size: u64,
+    },
+    /// A block whose fields do not fit its state (a free block next to a free one, an
+    /// allocated one with events, a pending one without, ...).
+    #[error("segment {segment:#x}, block {block:#x}: inconsistent {state:?} block: {detail}")]
+    InconsistentBlock {
+        /// The segment's address.
+        segment: u64,
+        /// The block's address.
+        block: u64,
+        /// Its state.
+        state: BlockState,
+        /// The whole block, as the model holds it.
+        detail: String,
+    },
+    /// Blocks that do not reach the segment's end.
+    #[error("segment {segment:#x}: blocks end at {end:#x}, not at its end")]
+    TilingEnd {
+        /// The segment's address.
+        segment: u64,
+        /// Where its last block ends.
+        end: u64,
+    },
+    /// An event whose block is not pending.
+    #[error("event on stream {stream} for block {block:#x} does not hold a pending block")]
+    EventWithoutPendingBlock {
+        /// The stream the event was recorded on.
+        stream: u64,
+        /// The block's address.
+        block: u64,
+    },
+    /// Two events for one block on one stream.
+    #[error("two events for block {block:#x} on one stream ({stream})")]
+    DuplicateEvent {
+        /// The block's address.
+        block: u64,
+        /// The stream.
+        stream: u64,
+    },
+    /// Current values that differ from their recomputation from the state.
+    #[error("statistics disagree with the state: {stats:?} vs {measured:?}")]
+    StatsDisagree {
+        /// The statistics the model holds.
+        stats: Box<Stats>,
+        /// The same statistics with their current values recomputed from the state.
+        measured: Box<Stats>,
+    },
+    /// A statistic array whose `all` is not the sum of its pools.
+    #[error("{name}: all is not the sum of the pools: {array:?}")]
+    AllNotSumOfPools {
+        /// The statistic's name.
+        name: &'static str,
+        /// Its values.
+        array: StatArray,
+    },
+    /// A statistic that is not self-consistent (`current = allocated − freed`,
+    /// `0 ≤ current ≤ peak`).
+    #[error("{name}: inconsistent statistic {stat:?}")]
+    InconsistentStat {
+        /// The statistic's name.
+        name: &'static str,
+        /// Its values.
+        stat: Stat,
+    },
+    /// Reserved bytes that are not the bytes of all blocks.
+    #[error("reserved bytes {reserved} are not the {blocks} bytes of all blocks")]
+    ReservedBytes {
+        /// `reserved_bytes.all.current`.
+        reserved: i64,
+        /// The blocks' bytes.
+        blocks: u64,
+    },
+    /// The device's bytes in use differ from the reserved bytes.
+    #[error("device used {used} differs from reserved bytes {reserved}")]
+    DeviceUsed {
+        /// The device's bytes in use.
+        used: u64,
+        /// `reserved_bytes.all.current`.
+        reserved: i64,
+    },
+    /// The device's live allocations are not exactly the segments.
+    #[error("device allocations {device:x?} differ from segments {segments:x?}")]
+    DeviceAllocations {
+        /// The device's live allocations, `(address, size)` by address.
+        device: Vec<(u64, u64)>,
+        /// The segments, `(address, size)` by address.
+        segments: Vec<(u64, u64)>,
+    },
+    /// A block that belongs to a thread but is not allocated (rule 17).
+    #[error("{address:#x} belongs to a thread but is not allocated")]
+    OwnedNotAllocated {
+        /// The block's address.
+        address: u64,
+    },
+    /// A thread that parks more blocks than `thread_cache_blocks` (rule 17).
+    #[error("thread {thread} parks {parked} blocks")]
+    ThreadCacheOverfull {
+        /// The thread.
+        thread: u32,
+        /// How many blocks it parks.
+        parked: usize,
+    },
+    /// A thread that parks a block belonging to another thread, or to none.
+    #[error("thread {thread} parks {address:#x}, not its own")]
+    ParkedNotOwn {
+        /// The thread.
+        thread: u32,
+        /// The block's address.
+        address: u64,
+    },
+    /// A block parked twice.
+    #[error("a block is parked twice")]
+    ParkedTwice,
+}
 
 impl Model {
     /// Checks every invariant of the state and the statistics; the first violation found is
     /// described in the error.
-    pub fn check_invariants(&self) -> Result<(), String> {
+    pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
         self.check_segments()?;
         for segment in &self.segments {
             self.check_segment(segment)?;
@@ -21,14 +191,16 @@ impl Model {
     }
 
     /// Segments are sorted by address and do not overlap.
-    fn check_segments(&self) -> Result<(), String> {
+    fn check_segments(&self) -> Result<(), InvariantViolation> {
         for pair in self.segments.windows(2) {
             let (a, b) = (&pair[0], &pair[1]);
             if a.address >= b.address || overlaps(a.address, a.size, b.address, b.size) {
-                return Err(format!(
-                    "segments {:#x} (+{}) and {:#x} (+{}) are out of order or overlap",
-                    a.address, a.size, b.address, b.size
-                ));
+                return Err(InvariantViolation::SegmentsOutOfOrder {
+                    first: a.address,
+                    first_size: a.size,
+                    second: b.address,
+                    second_size: b.size,
+                });
             }
         }
         Ok(())
@@ -36,32 +208,38 @@ impl Model {
 
     /// One segment: its size fits its pool; its blocks tile it exactly, are multiples of
     /// 512 B, never two free side by side, and each state's fields are consistent.
-    fn check_segment(&self, segment: &Segment) -> Result<(), String> {
-        let name = format!("segment {:#x}", segment.address);
+    fn check_segment(&self, segment: &Segment) -> Result<(), InvariantViolation> {
+        let (address, size) = (segment.address, segment.size);
         match segment.pool {
-            Pool::Small if segment.size != SMALL_BUFFER => {
-                return Err(format!("{name}: small segment of {} bytes", segment.size));
+            Pool::Small if size != SMALL_BUFFER => {
+                return Err(InvariantViolation::SmallSegmentSize {
+                    segment: address,
+                    size,
+                });
             }
-            Pool::Large
-                if !segment.size.is_multiple_of(ROUND_LARGE) || segment.size < MIN_LARGE_ALLOC =>
-            {
-                return Err(format!("{name}: large segment of {} bytes", segment.size));
+            Pool::Large if !size.is_multiple_of(ROUND_LARGE) || size < MIN_LARGE_ALLOC => {
+                return Err(InvariantViolation::LargeSegmentSize {
+                    segment: address,
+                    size,
+                });
             }
             _ => {}
         }
         let mut expected_address = segment.address;
         for (i, block) in segment.blocks.iter().enumerate() {
-            let here = format!("{name}, block {:#x}", block.address);
             if block.address != expected_address {
-                return Err(format!(
-                    "{here}: expected at {expected_address:#x} (gap or overlap)"
-                ));
+                return Err(InvariantViolation::BlockMisplaced {
+                    segment: address,
+                    block: block.address,
+                    expected: expected_address,
+                });
             }
             if block.size < MIN_BLOCK_SIZE || !block.size.is_multiple_of(MIN_BLOCK_SIZE) {
-                return Err(format!(
-                    "{here}: size {} is not a multiple of 512",
-                    block.size
-                ));
+                return Err(InvariantViolation::BlockSize {
+                    segment: address,
+                    block: block.address,
+                    size: block.size,
+                });
             }
             expected_address += block.size;
             let next_free = segment.blocks.get(i + 1).map(|n| n.state) == Some(BlockState::Free);
@@ -96,36 +274,42 @@ impl Model {
                 }
             };
             if !fine {
-                return Err(format!(
-                    "{here}: inconsistent {:?} block: {block:?}",
-                    block.state
-                ));
+                return Err(InvariantViolation::InconsistentBlock {
+                    segment: address,
+                    block: block.address,
+                    state: block.state,
+                    detail: format!("{block:?}"),
+                });
             }
         }
-        if expected_address != segment.address + segment.size {
-            return Err(format!(
-                "{name}: blocks end at {expected_address:#x}, not at its end"
-            ));
+        if expected_address != address + size {
+            return Err(InvariantViolation::TilingEnd {
+                segment: address,
+                end: expected_address,
+            });
         }
         Ok(())
     }
 
     /// Every event holds a pending block, and one block has at most one event per stream.
-    fn check_events(&self) -> Result<(), String> {
+    fn check_events(&self) -> Result<(), InvariantViolation> {
         for (i, event) in self.events.iter().enumerate() {
             let pending = crate::state::find_block(&self.segments, event.block)
                 .map(|(s, b)| self.segments[s].blocks[b].state == BlockState::Pending);
             if pending != Some(true) {
-                return Err(format!("event {event:?} does not hold a pending block"));
+                return Err(InvariantViolation::EventWithoutPendingBlock {
+                    stream: event.stream,
+                    block: event.block,
+                });
             }
             let twin = self.events[i + 1..]
                 .iter()
                 .any(|e| e.block == event.block && e.stream == event.stream);
             if twin {
-                return Err(format!(
-                    "two events for block {:#x} on one stream",
-                    event.block
-                ));
+                return Err(InvariantViolation::DuplicateEvent {
+                    block: event.block,
+                    stream: event.stream,
+                });
             }
         }
         Ok(())
@@ -133,13 +317,15 @@ impl Model {
 
     /// Every current value equals its recomputation; every statistic is self-consistent;
     /// reserved bytes are the bytes of all blocks.
-    fn check_stats(&self) -> Result<(), String> {
+    fn check_stats(&self) -> Result<(), InvariantViolation> {
         let gauges = Gauges::measure(&self.segments, self.config.max_split_size);
         if !self.stats.agrees_with(&gauges) {
-            return Err(format!(
-                "statistics disagree with the state: {:?} vs {gauges:?}",
-                self.stats
-            ));
+            let mut measured = self.stats.clone();
+            measured.settle(&gauges);
+            return Err(InvariantViolation::StatsDisagree {
+                stats: Box::new(self.stats.clone()),
+                measured: Box::new(measured),
+            });
         }
         let s = &self.stats;
         let arrays = [
@@ -165,63 +351,66 @@ impl Model {
             .map(|b| b.size)
             .sum();
         if s.reserved_bytes.all.current != block_bytes as i64 {
-            return Err(format!(
-                "reserved bytes {} are not the {block_bytes} bytes of all blocks",
-                s.reserved_bytes.all.current
-            ));
+            return Err(InvariantViolation::ReservedBytes {
+                reserved: s.reserved_bytes.all.current,
+                blocks: block_bytes,
+            });
         }
         Ok(())
     }
 
     /// The device's live allocations are exactly the segments.
-    fn check_device(&self) -> Result<(), String> {
+    fn check_device(&self) -> Result<(), InvariantViolation> {
         let reserved = self.stats.reserved_bytes.all.current;
         if self.device.used() as i64 != reserved {
-            return Err(format!(
-                "device used {} differs from reserved bytes {reserved}",
-                self.device.used()
-            ));
+            return Err(InvariantViolation::DeviceUsed {
+                used: self.device.used(),
+                reserved,
+            });
         }
         let mut live = self.device.live().to_vec();
         live.sort_unstable();
         let segments: Vec<(u64, u64)> = self.segments.iter().map(|s| (s.address, s.size)).collect();
         if live != segments {
-            return Err(format!(
-                "device allocations {live:x?} differ from segments {segments:x?}"
-            ));
+            return Err(InvariantViolation::DeviceAllocations {
+                device: live,
+                segments,
+            });
         }
         Ok(())
     }
 }
 
 /// `all` is the sum of the pools, and each of the three is self-consistent.
-fn check_array(name: &str, array: &StatArray) -> Result<(), String> {
+fn check_array(name: &'static str, array: &StatArray) -> Result<(), InvariantViolation> {
     check_stat(name, &array.all)?;
     check_stat(name, &array.small_pool)?;
     check_stat(name, &array.large_pool)?;
     if array.all.current != array.small_pool.current + array.large_pool.current {
-        return Err(format!(
-            "{name}: all is not the sum of the pools: {array:?}"
-        ));
+        return Err(InvariantViolation::AllNotSumOfPools {
+            name,
+            array: *array,
+        });
     }
     Ok(())
 }
 
 /// `current = allocated − freed`, `0 ≤ current ≤ peak`.
-fn check_stat(name: &str, stat: &Stat) -> Result<(), String> {
+fn check_stat(name: &'static str, stat: &Stat) -> Result<(), InvariantViolation> {
     let consistent = stat.current == stat.allocated - stat.freed
         && stat.current >= 0
         && stat.current <= stat.peak;
     if consistent {
         Ok(())
     } else {
-        Err(format!("{name}: inconsistent statistic {stat:?}"))
+        Err(InvariantViolation::InconsistentStat { name, stat: *stat })
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use crate::{Model, ModelConfig};
+    use super::InvariantViolation;
+    use crate::{BlockState, Model, ModelConfig};
 
     #[test]
     fn a_busy_model_satisfies_its_invariants() {
@@ -249,7 +438,20 @@ mod tests {
         second.size = 512;
         blocks.push(second);
         let error = model.check_invariants().unwrap_err();
-        assert!(error.contains("inconsistent Free block"), "{error}");
+        assert!(
+            matches!(
+                error,
+                InvariantViolation::InconsistentBlock {
+                    state: BlockState::Free,
+                    ..
+                }
+            ),
+            "{error:?}"
+        );
+        assert!(
+            error.to_string().contains("inconsistent Free block"),
+            "{error}"
+        );
     }
 
     #[test]
@@ -257,6 +459,16 @@ mod tests {
         let mut model = Model::new(ModelConfig::pytorch_defaults(1 << 30));
         model.malloc(4096, 0).unwrap();
         model.stats.allocation.all.current += 1;
-        assert!(model.check_invariants().is_err());
+        let error = model.check_invariants().unwrap_err();
+        let InvariantViolation::StatsDisagree { stats, measured } = &error else {
+            panic!("expected StatsDisagree, got {error:?}");
+        };
+        assert_eq!(stats.allocation.all.current, 2);
+        assert_eq!(measured.allocation.all.current, 1);
+        assert!(
+            error
+                .to_string()
+                .starts_with("statistics disagree with the state")
+        );
     }
 }

@@ -3,7 +3,7 @@
 //! This crate is the oracle for the `cachalot` allocator. It implements the rules of
 //! ARCHITECTURE.md ("The policy", PyTorch 2.x `CUDACachingAllocator` semantics, and "The
 //! simulated device") as plainly as possible: a `Vec` of segments, each a `Vec` of blocks in
-//! address order, found by linear scans. The differential harness in `cachalot-tools` runs the
+//! address order, found by linear scans. The differential harness in `cachalot-harness` runs the
 //! same operations on both crates and compares, after every operation, the returned address or
 //! error, every statistic and the segment/block layout. The two crates share no code.
 //!
@@ -26,6 +26,7 @@ mod threads;
 
 pub use adopt::{AdoptedBlock, AdoptedSegment, AdoptedState};
 pub use config::{MAX_ALLOC_SIZE, ModelConfig, ModelError};
+pub use invariants::InvariantViolation;
 pub use state::{BlockState, ModelBlock, ModelSegment};
 pub use stats::{Stat, StatArray, Stats};
 
@@ -121,7 +122,8 @@ impl Model {
     }
 
     /// Records that `stream` uses the allocation at `address`, so that freeing it waits for
-    /// `stream`'s work (rule 15). Using it on its own stream is a no-op; address 0 is a no-op.
+    /// `stream`'s work (rule 15). Using it on its own stream is a no-op; address 0 is a no-op,
+    /// as PyTorch's `recordStream` of a null pointer.
     pub fn record_stream(&mut self, address: u64, stream: u64) -> Result<(), ModelError> {
         if address == 0 {
             return Ok(());
@@ -233,6 +235,20 @@ mod tests {
             Err(ModelError::TooLarge { requested: size })
         );
         assert_eq!(model.stats(), Stats::default());
+    }
+
+    #[test]
+    fn recording_a_stream_on_the_null_address_is_a_no_op() {
+        let mut model = model();
+        let before = model.clone();
+        assert_eq!(model.record_stream(0, 3), Ok(()));
+        assert_eq!(model.stats(), before.stats());
+        assert_eq!(model.layout(), before.layout());
+        // Any other address that is not a live allocation is an error.
+        assert_eq!(
+            model.record_stream(512, 3),
+            Err(ModelError::UnknownAddress { address: 512 })
+        );
     }
 
     #[test]

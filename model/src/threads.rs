@@ -134,7 +134,8 @@ impl Model {
 
     /// Parked and owned blocks are allocated; no cache is over capacity; a block is parked
     /// once at most, by the thread it belongs to.
-    pub(crate) fn check_threads(&self) -> Result<(), String> {
+    pub(crate) fn check_threads(&self) -> Result<(), crate::InvariantViolation> {
+        use crate::InvariantViolation;
         let allocated = |a: u64| {
             state::find_block(&self.segments, a).is_some_and(|(s, b)| {
                 self.segments[s].blocks[b].state == state::BlockState::Allocated
@@ -142,17 +143,23 @@ impl Model {
         };
         for &a in self.owners.keys() {
             if !allocated(a) {
-                return Err(format!("{a:#x} belongs to a thread but is not allocated"));
+                return Err(InvariantViolation::OwnedNotAllocated { address: a });
             }
         }
         let mut all: Vec<u64> = Vec::new();
         for t in &self.threads {
             if t.parked.len() > self.capacity() {
-                return Err(format!("thread {} parks {} blocks", t.id, t.parked.len()));
+                return Err(InvariantViolation::ThreadCacheOverfull {
+                    thread: t.id,
+                    parked: t.parked.len(),
+                });
             }
             for &a in &t.parked {
                 if self.owners.get(&a) != Some(&t.id) {
-                    return Err(format!("thread {} parks {a:#x}, not its own", t.id));
+                    return Err(InvariantViolation::ParkedNotOwn {
+                        thread: t.id,
+                        address: a,
+                    });
                 }
                 all.push(a);
             }
@@ -161,7 +168,7 @@ impl Model {
         all.sort_unstable();
         all.dedup();
         if all.len() != n {
-            return Err("a block is parked twice".into());
+            return Err(InvariantViolation::ParkedTwice);
         }
         Ok(())
     }

@@ -2,21 +2,20 @@
 //! and the returned blocks after every operation.
 
 use cachalot_model::{BlockState, Model, ModelConfig, ModelError};
+use rand::rngs::Xoshiro256PlusPlus;
+use rand::{RngExt, SeedableRng};
 
 const MIB: u64 = 1 << 20;
 
-/// A small deterministic generator (xorshift64*), so that failures reproduce.
-struct Rng(u64);
+/// A deterministic generator (`rand`'s xoshiro256++, seeded), so that failures reproduce.
+struct Rng(Xoshiro256PlusPlus);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    fn seeded(seed: u64) -> Rng {
+        Rng(Xoshiro256PlusPlus::seed_from_u64(seed))
     }
     fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        self.0.random_range(0..n)
     }
 }
 
@@ -33,7 +32,7 @@ fn size(rng: &mut Rng) -> u64 {
 }
 
 fn run(config: ModelConfig, seed: u64, steps: usize) {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::seeded(seed);
     let mut model = Model::new(config);
     let mut live: Vec<u64> = Vec::new();
     for step in 0..steps {

@@ -42,6 +42,14 @@ pub enum BackendError {
         /// The driver's description of the error.
         message: String,
     },
+    /// A fault injected into the simulated device ([`sim::SimDevice::inject`]): it stands for
+    /// a driver error other than out-of-memory, and tests and fuzzers tell it from a real one
+    /// by this variant. The operation did not happen and the allocator's state is unchanged.
+    #[error("device error in {operation}: injected fault")]
+    Injected {
+        /// The device call that was made to fail.
+        operation: &'static str,
+    },
 }
 
 /// What the allocator needs from a device: memory, and events for cross-stream safety.

@@ -195,11 +195,9 @@ fn take(counter: &mut u32) -> bool {
     }
 }
 
+/// The error an injected fault reports.
 fn device_error(operation: &'static str) -> BackendError {
-    BackendError::Device {
-        operation,
-        message: "injected fault".to_string(),
-    }
+    BackendError::Injected { operation }
 }
 
 impl Backend for SimDevice {
@@ -338,6 +336,35 @@ mod tests {
     }
 
     #[test]
+    fn injected_faults_are_typed_and_read_as_before() {
+        let mut d = SimDevice::new(1 << 30);
+        d.inject(Faults {
+            alloc_error: 1,
+            record_error: 1,
+            ..Faults::default()
+        });
+        let e = d.allocate(2 << 20).unwrap_err();
+        assert_eq!(
+            e,
+            BackendError::Injected {
+                operation: "allocate"
+            }
+        );
+        assert_eq!(e.to_string(), "device error in allocate: injected fault");
+        assert!(matches!(
+            d.record_event(StreamId(1)),
+            Err(BackendError::Injected {
+                operation: "record_event"
+            })
+        ));
+        // A real error of the device is not an injected one.
+        assert!(matches!(
+            d.free(0x1000, 512),
+            Err(BackendError::Device { .. })
+        ));
+    }
+
+    #[test]
     fn capacity_is_enforced_and_faults_fire_once() {
         let mut d = SimDevice::new(4 << 20);
         assert_eq!(d.allocate(6 << 20), Err(BackendError::OutOfMemory));
@@ -443,5 +470,50 @@ mod tests {
         assert!(d.free(a, 4 << 20).is_err());
         assert!(d.free(a, 2 << 20).is_ok());
         assert_eq!(d.used(), 0);
+    }
+
+    #[test]
+    fn a_zero_size_allocation_fails_as_out_of_memory() {
+        let mut d = SimDevice::new(10 << 20).with_address_script([0x1000_0000]);
+        assert_eq!(d.allocate(0), Err(BackendError::OutOfMemory));
+        assert_eq!(d.used(), 0);
+        // The script was not consumed.
+        assert_eq!(d.allocate(1 << 20).unwrap(), 0x1000_0000);
+    }
+
+    #[test]
+    fn no_usable_address_left_is_out_of_memory_and_keeps_the_next_address() {
+        let mut d = SimDevice::new(u64::MAX);
+        // A live range from the base to the top of the address space: nothing fits above it.
+        d.adopt(SIM_BASE_ADDRESS, u64::MAX - SIM_BASE_ADDRESS)
+            .unwrap();
+        d.set_next_address(Some(SIM_BASE_ADDRESS));
+        assert_eq!(d.allocate(2 << 20), Err(BackendError::OutOfMemory));
+        assert_eq!(d.next_address, Some(SIM_BASE_ADDRESS));
+        // Below the base is never chosen by the device itself, but a usable next address is.
+        d.set_next_address(Some(0x1000_0000));
+        assert_eq!(d.allocate(2 << 20).unwrap(), 0x1000_0000);
+        assert_eq!(d.next_address, None);
+    }
+
+    #[test]
+    fn an_unusable_range_is_refused_before_the_capacity_is_looked_at() {
+        let mut d = SimDevice::new(4 << 20);
+        d.adopt(SIM_BASE_ADDRESS, 4 << 20).unwrap();
+        // Both overlapping and beyond the capacity: refused as unusable (a device error).
+        for (address, size) in [
+            (SIM_BASE_ADDRESS, 8 << 20),
+            (0x1000_0000, 0),
+            (u64::MAX - 511, 2 << 20),
+        ] {
+            assert!(
+                matches!(d.adopt(address, size), Err(BackendError::Device { .. })),
+                "{address:#x} +{size}"
+            );
+        }
+        assert_eq!(
+            d.adopt(0x1000_0000, 2 << 20),
+            Err(BackendError::OutOfMemory)
+        );
     }
 }

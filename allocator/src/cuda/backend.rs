@@ -16,16 +16,12 @@ use rustc_hash::FxHashMap;
 
 use super::buffer::{DeviceBlock, DeviceBuffer};
 use super::error::CudaError;
+use super::streams::{StreamRegistry, stream_id};
 use crate::backend::{Backend, BackendError, EventId, MemInfo, StreamId};
 use crate::policy::SegmentInfo;
 
 /// Spare events kept for reuse; more than this many are destroyed when released.
 const EVENT_POOL_CAP: usize = 256;
-
-/// The legacy default stream's handle (`CU_STREAM_LEGACY` is 0x1; cudarc's default stream is
-/// the null handle) and the per-thread default stream's (`CU_STREAM_PER_THREAD`). These are
-/// valid in every context and never destroyed.
-const BUILTIN_STREAMS: [u64; 3] = [0x0, 0x1, 0x2];
 
 /// Whether the CUDA driver library can be loaded, asked without letting cudarc panic.
 ///
@@ -69,11 +65,6 @@ pub(crate) fn driver_library_present() -> bool {
     }
 }
 
-/// The [`StreamId`] a cudarc stream has in cachalot: its `CUstream` handle's value.
-pub fn stream_id(stream: &CudaStream) -> StreamId {
-    StreamId(stream.cu_stream() as usize as u64)
-}
-
 fn device_error(operation: &'static str, e: DriverError) -> BackendError {
     if e.0 == CUresult::CUDA_ERROR_OUT_OF_MEMORY {
         return BackendError::OutOfMemory;
@@ -89,7 +80,7 @@ fn device_error(operation: &'static str, e: DriverError) -> BackendError {
 ///
 /// Most programs use [`CudaAllocator`](super::CudaAllocator), which wraps this backend in the
 /// caching policy. Use it directly to drive a [`CachingCore`](crate::CachingCore) by hand (trace
-/// replay, experiments); streams are named by [`stream_id`], and a stream must be shown to the
+/// replay, experiments); streams are named by [`stream_id`](super::stream_id), and a stream must be shown to the
 /// backend ([`CudaBackend::retain_stream`] or [`CudaBackend::note_stream`]) before events are
 /// recorded on it.
 ///
@@ -115,8 +106,8 @@ pub struct CudaBackend {
     ctx: Arc<CudaContext>,
     /// Live segments: address → size.
     segments: FxHashMap<u64, u64>,
-    /// Streams this backend may record events on; `Some` holds the stream alive.
-    streams: FxHashMap<u64, Option<Arc<CudaStream>>>,
+    /// Streams this backend may record events on, shared with the `CudaAllocator` over it.
+    streams: Arc<StreamRegistry>,
     /// Outstanding events: id → `CUevent` handle.
     events: FxHashMap<u64, usize>,
     /// Spare events for reuse.
@@ -141,7 +132,7 @@ impl CudaBackend {
         let backend = CudaBackend {
             ctx,
             segments: FxHashMap::default(),
-            streams: FxHashMap::default(),
+            streams: Arc::new(StreamRegistry::new()),
             events: FxHashMap::default(),
             spare: Vec::new(),
             next_event: 1,
@@ -159,14 +150,7 @@ impl CudaBackend {
     /// (a destroyed stream's handle may be given to a new stream, which must not inherit blocks
     /// whose last uses may still be running).
     pub fn retain_stream(&mut self, stream: &Arc<CudaStream>) {
-        let id = stream_id(stream).0;
-        match self.streams.get_mut(&id) {
-            Some(Some(_)) => {}
-            Some(slot) => *slot = Some(Arc::clone(stream)),
-            None => {
-                self.streams.insert(id, Some(Arc::clone(stream)));
-            }
-        }
+        self.streams.retain(stream_id(stream), stream);
     }
 
     /// Shows the backend a stream without keeping it alive: events may be recorded on it until
@@ -174,21 +158,25 @@ impl CudaBackend {
     /// is destroyed first, recording on it fails and the backend falls back to synchronising
     /// the whole device, which is safe but slow).
     pub fn note_stream(&mut self, stream: &CudaStream) {
-        self.streams.entry(stream_id(stream).0).or_insert(None);
+        self.streams.note(stream_id(stream));
     }
 
     /// Whether the backend knows this stream.
     pub fn knows_stream(&self, stream: StreamId) -> bool {
-        BUILTIN_STREAMS.contains(&stream.0) || self.streams.contains_key(&stream.0)
+        self.streams.knows(stream)
     }
 
-    /// Forgets the streams that hold no segment in `segments` and that nobody else keeps
-    /// alive. Called after `empty_cache`.
+    /// Forgets the streams that hold no segment in `segments` (the core's segments now) and
+    /// that nobody else keeps alive. Called after `empty_cache`.
     pub fn prune_streams(&mut self, segments: &[SegmentInfo]) {
-        let used: rustc_hash::FxHashSet<u64> = segments.iter().map(|s| s.stream.0).collect();
-        self.streams.retain(|id, s| {
-            used.contains(id) || s.as_ref().is_some_and(|s| Arc::strong_count(s) > 1)
-        });
+        let since = self.streams.begin_prune();
+        self.streams.prune(segments, since);
+    }
+
+    /// The registry of streams this backend records events on, for the `CudaAllocator` that
+    /// shows it streams without going through the policy core.
+    pub(crate) fn stream_registry(&self) -> Arc<StreamRegistry> {
+        Arc::clone(&self.streams)
     }
 
     /// Number of device segments this backend holds.

@@ -19,8 +19,8 @@ use cudarc::driver::{
 };
 
 use super::CudaAllocator;
-use super::backend::stream_id;
 use super::error::CudaError;
+use super::streams::stream_id;
 
 /// No stream recorded yet.
 const NO_STREAM: u64 = u64::MAX;

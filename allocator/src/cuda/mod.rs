@@ -46,6 +46,7 @@
 mod backend;
 mod buffer;
 mod error;
+mod streams;
 mod summary;
 
 use crate::sync::real::{Arc, Mutex, MutexGuard, PoisonError};
@@ -56,15 +57,17 @@ use rustc_hash::FxHashSet;
 pub use cudarc;
 use cudarc::driver::{CudaContext, CudaStream, DeviceRepr, ValidAsZeroBits};
 
-pub use backend::{CudaBackend, stream_id};
+pub use backend::CudaBackend;
 pub use buffer::{DeviceBlock, DeviceBuffer, KernelArg, Launch, Plain};
 pub use error::CudaError;
+pub use streams::stream_id;
 pub use summary::memory_summary;
 
 use crate::backend::MemInfo;
 use crate::error::Error;
 use crate::frontend::Allocator;
 use crate::policy::{CachingCore, SegmentInfo};
+use streams::StreamRegistry;
 
 use crate::settings::Settings;
 use crate::stats::Stats;
@@ -107,9 +110,11 @@ struct Shared {
     /// This allocator's number, unique in the process: the key of the per-thread record of
     /// streams already retained.
     id: u64,
-    /// Bumped whenever the backend may forget streams (`empty_cache`), so per-thread records
-    /// of retained streams made before it are not trusted.
-    stream_generation: AtomicU64,
+    /// The streams the backend may record events on and keeps alive, shared with it: the
+    /// allocator shows it streams without taking the core's lock. Its generation moves
+    /// whenever it may forget streams (`empty_cache`), so per-thread records of retained
+    /// streams made before that are not trusted.
+    streams: Arc<StreamRegistry>,
     auto_record: AtomicBool,
     /// Addresses handed out by `malloc_raw` and not yet freed: `free_raw` takes only these,
     /// so it can never free a block a `DeviceBlock` owns.
@@ -166,13 +171,14 @@ impl CudaAllocator {
     pub fn new(ctx: Arc<CudaContext>, settings: Settings) -> Result<Self, CudaError> {
         let ordinal = ctx.ordinal();
         let backend = CudaBackend::new(Arc::clone(&ctx))?;
+        let streams = backend.stream_registry();
         let core = CachingCore::new(backend, settings)?.with_device_index(ordinal);
         Ok(CudaAllocator {
             inner: Allocator::from_core(core),
             shared: Arc::new(Shared {
                 ctx,
                 id: NEXT_ALLOCATOR_ID.fetch_add(1, Ordering::Relaxed),
-                stream_generation: AtomicU64::new(0),
+                streams,
                 auto_record: AtomicBool::new(true),
                 raw: Mutex::new(FxHashSet::default()),
             }),
@@ -233,7 +239,7 @@ impl CudaAllocator {
 
     /// The settings in force.
     pub fn settings(&self) -> Settings {
-        self.inner.with_core(|c| c.settings().clone())
+        self.inner.settings()
     }
 
     fn check_stream(&self, stream: &CudaStream) -> Result<(), CudaError> {
@@ -249,18 +255,26 @@ impl CudaAllocator {
     fn malloc_on(&self, bytes: u64, stream: &Arc<CudaStream>) -> Result<u64, CudaError> {
         self.check_stream(stream)?;
         let id = stream_id(stream);
-        // The backend keeps every allocation stream alive. Retaining takes the core's lock, so
-        // each thread remembers the last (allocator, generation, stream) it retained and skips
-        // the lock when nothing changed: the allocation itself then goes through the front
-        // end's fast path (the thread caches of rule 17), as frees already do.
-        let generation = self.shared.stream_generation.load(Ordering::Acquire);
-        let key = (self.shared.id, generation, id.0);
-        if LAST_RETAINED.with(|last| last.get()) != key {
-            self.inner
-                .with_core(|core| core.backend_mut().retain_stream(stream));
-            LAST_RETAINED.with(|last| last.set(key));
+        // The registry keeps every allocation stream alive. Retaining takes the registry's
+        // lock, shared by every thread, so each thread remembers the last (allocator,
+        // generation, stream) it retained and skips the lock when nothing changed: the
+        // allocation itself then goes through the front end's fast path (the thread caches of
+        // rule 17), as frees already do.
+        let registry = &self.shared.streams;
+        let generation = registry.generation();
+        if LAST_RETAINED.with(|last| last.get()) != (self.shared.id, generation, id.0) {
+            let retained = registry.retain(id, stream);
+            LAST_RETAINED.with(|last| last.set((self.shared.id, retained, id.0)));
         }
-        Ok(self.inner.malloc(bytes, id)?)
+        let address = self.inner.malloc(bytes, id);
+        // An `empty_cache` on another thread began pruning after this thread retained the
+        // stream: its snapshot of the segments may miss one this allocation just made on the
+        // stream, so retain it again (a prune keeps streams retained since it began).
+        if registry.generation() != generation {
+            let retained = registry.retain(id, stream);
+            LAST_RETAINED.with(|last| last.set((self.shared.id, retained, id.0)));
+        }
+        Ok(address?)
     }
 
     /// Allocates `bytes` bytes for use on `stream`, as a block that returns to the cache when
@@ -432,8 +446,7 @@ impl CudaAllocator {
     ) -> Result<(), CudaError> {
         self.check_stream(stream)?;
         let id = stream_id(stream);
-        self.inner
-            .with_core(|core| core.backend_mut().retain_stream(stream));
+        self.shared.streams.retain(id, stream);
         // Through the front end, so a block used on another stream is never kept in a
         // thread cache (rule 17).
         Ok(self.inner.record_stream(address, id)?)
@@ -442,8 +455,7 @@ impl CudaAllocator {
     /// Records a use seen through `device_ptr`, where only `&CudaStream` is known.
     pub(crate) fn record_use(&self, address: u64, stream: &CudaStream) -> Result<(), CudaError> {
         let id = stream_id(stream);
-        self.inner
-            .with_core(|core| core.backend_mut().note_stream(stream));
+        self.shared.streams.note(id);
         Ok(self.inner.record_stream(address, id)?)
     }
 
@@ -479,11 +491,11 @@ impl CudaAllocator {
     pub fn empty_cache(&self) -> Result<(), CudaError> {
         // Through the front end: it flushes every thread cache before releasing segments.
         self.inner.empty_cache()?;
-        self.inner.with_core(|core| {
-            let segments = core.segments();
-            self.shared.stream_generation.fetch_add(1, Ordering::AcqRel);
-            core.backend_mut().prune_streams(&segments);
-        });
+        // Then forget the streams that no longer hold a segment (and that nobody else keeps
+        // alive): the segments are read after the prune begins, see `StreamRegistry`.
+        let registry = &self.shared.streams;
+        let since = registry.begin_prune();
+        registry.prune(&self.inner.segments(), since);
         Ok(())
     }
 
@@ -539,13 +551,15 @@ impl CudaAllocator {
 
     /// The device's free and total memory as the driver reports them now (`cuMemGetInfo`).
     pub fn mem_info(&self) -> Result<MemInfo, CudaError> {
-        self.inner
-            .with_core(|core| crate::Backend::mem_info(core.backend_mut()))
-            .map_err(CudaError::from_backend)
+        let (free, total) = self.shared.ctx.mem_get_info()?;
+        Ok(MemInfo {
+            free: free as u64,
+            total: total as u64,
+        })
     }
 
     /// Checks the policy core's invariants (see [`CachingCore::check_invariants`]).
-    pub fn check_invariants(&self) -> Result<(), String> {
+    pub fn check_invariants(&self) -> Result<(), crate::InvariantViolation> {
         self.inner.check_invariants()
     }
 }

@@ -15,14 +15,14 @@ use crate::stats::{StatArray, Stats};
 /// peak, total allocated and total freed, for all memory and for the large and small pools.
 ///
 /// ```
-/// use cachalot::{Settings, SimDevice, StreamId};
+/// use cachalot::{CachingCore, Settings, SimDevice, StreamId};
 ///
-/// let alloc = cachalot::Allocator::new(SimDevice::new(1 << 30), Settings::default())?;
-/// let p = alloc.malloc(3 << 20, StreamId(0))?;
-/// let text = cachalot::cuda::memory_summary(&alloc.stats(), 0);
+/// let mut core = CachingCore::new(SimDevice::new(1 << 30), Settings::default())?;
+/// let p = core.malloc(3 << 20, StreamId(0))?;
+/// let text = cachalot::cuda::memory_summary(core.stats(), 0);
 /// assert!(text.contains("cachalot CUDA memory summary, device ID 0"));
 /// assert!(text.contains("| Allocated memory      |   3072 KiB |   3072 KiB |   3072 KiB |      0 B   |"));
-/// # alloc.free(p)?;
+/// # core.free(p)?;
 /// # Ok::<(), cachalot::Error>(())
 /// ```
 pub fn memory_summary(stats: &Stats, device: usize) -> String {

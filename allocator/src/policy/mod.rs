@@ -11,20 +11,20 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use rustc_hash::FxHashMap;
 
 use crate::backend::{Backend, BackendError, EventId, StreamId};
-use crate::block::{Block, BlockId, BlockState, Slab};
+use crate::block::{Block, BlockId, BlockState, FreeKey, Slab};
 use crate::error::{Error, OutOfMemory};
 use crate::history::{TraceAction, TraceEvent};
+use crate::invariants::{CoreParts, InvariantViolation};
 use crate::settings::Settings;
 use crate::sizes::{MAX_ALLOC_SIZE, MIN_BLOCK_SIZE, Pool, SMALL_SIZE, round_size, segment_size};
 use crate::stats::Stats;
 
 mod adopt;
 mod release;
+#[cfg(test)]
+mod tests;
 
 pub use adopt::{AdoptedBlock, AdoptedSegment, AdoptedState};
-
-/// A key of a pool's free set: best fit is the first key at or after `(stream, size, 0)`.
-type FreeKey = (StreamId, u64, u64, BlockId);
 
 /// One block of a segment, as [`CachingCore::segments`] reports it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -462,8 +462,13 @@ impl<B: Backend> CachingCore<B> {
     }
 
     /// Marks the allocated block at `address` as used on `stream`: when freed, it is not reused
-    /// until the work queued on `stream` by then has completed.
+    /// until the work queued on `stream` by then has completed. Address 0 (a zero-size
+    /// allocation's) is a no-op, as PyTorch's `recordStream` of a null pointer; an address that
+    /// is not a live allocation is an error and changes nothing (rule 15).
     pub fn record_stream(&mut self, address: u64, stream: StreamId) -> Result<(), Error> {
+        if address == 0 {
+            return Ok(());
+        }
         let id = *self
             .live
             .get(&address)
@@ -596,18 +601,14 @@ impl<B: Backend> CachingCore<B> {
         out
     }
 
-    /// Checks every invariant of the state; an `Err` names the first one broken.
+    /// Checks every invariant of the state; an `Err` is the first one found broken.
     ///
     /// Blocks tile each segment exactly; free-set membership matches the free state; no two
     /// free neighbours are left unmerged; live blocks are 512-aligned and do not overlap;
     /// pending blocks have as many queued events as they wait for; and every statistic's
     /// current value equals its value recomputed from the blocks.
-    pub fn check_invariants(&self) -> Result<(), String> {
-        crate::invariants::check(self)
-    }
-
-    pub(crate) fn parts(&self) -> CoreParts<'_> {
-        CoreParts {
+    pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
+        crate::invariants::check(CoreParts {
             blocks: &self.blocks,
             free: &self.free,
             live: &self.live,
@@ -615,19 +616,8 @@ impl<B: Backend> CachingCore<B> {
             stats: &self.stats,
             reserved: self.reserved,
             max_split: self.settings.max_split_size,
-        }
+        })
     }
-}
-
-/// Read-only access to the core's structures for the invariant checker.
-pub(crate) struct CoreParts<'a> {
-    pub blocks: &'a Slab,
-    pub free: &'a [BTreeSet<FreeKey>; 2],
-    pub live: &'a FxHashMap<u64, BlockId>,
-    pub events: &'a BTreeMap<StreamId, VecDeque<(EventId, BlockId)>>,
-    pub stats: &'a Stats,
-    pub reserved: u64,
-    pub max_split: u64,
 }
 
 fn apply_net(stat: &mut crate::stats::StatArray, pool: Pool, net: i64) {

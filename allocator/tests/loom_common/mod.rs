@@ -95,5 +95,5 @@ pub fn settle(a: &Allocator<SimDevice>, shadow: &Shadow) {
     assert_eq!(s.allocation.all.current, 0);
     assert_eq!(s.active.all.current, 0);
     assert_eq!(s.reserved_bytes.all.current, 0);
-    assert_eq!(a.with_core(|c| c.backend().used()), 0);
+    assert_eq!(a.with_backend(|d| d.used()), 0);
 }

@@ -3,9 +3,9 @@
 //!
 //! `PROPTEST_CASES` raises the number of sequences for long campaigns (default 1000 here).
 
-use cachalot_tools::differential::run_scenario;
-use cachalot_tools::op::Op;
-use cachalot_tools::scenario::{Knobs, Scenario, scenario_strategy};
+use cachalot_harness::driver::run_scenario;
+use cachalot_harness::op::Op;
+use cachalot_harness::scenario::{Knobs, Scenario, scenario_strategy};
 use proptest::prelude::*;
 
 fn cases() -> u32 {
@@ -98,7 +98,7 @@ fn out_of_memory_and_the_retry_path_agree_in_both() {
 #[test]
 fn adopted_layouts_agree_in_both() {
     use Op::*;
-    use cachalot_tools::op::{ADOPT_REGION, AdoptBlockSpec, AdoptSpec};
+    use cachalot_harness::op::{ADOPT_REGION, AdoptBlockSpec, AdoptSpec};
     let block = |size, state, requested, streams: Vec<u8>| AdoptBlockSpec {
         size,
         state,
@@ -166,18 +166,24 @@ fn adopted_layouts_agree_in_both() {
 
 #[test]
 fn the_adoption_strategy_makes_valid_and_invalid_layouts() {
-    use cachalot_tools::differential::Differential;
-    use cachalot_tools::op::adopt_strategy;
+    use cachalot_harness::draw::strategy;
+    use cachalot_harness::driver::Driver;
+    use cachalot_harness::op::AdoptSpec;
+    use cachalot_harness::side::{CoreSide, ModelSide, Side};
     use proptest::strategy::ValueTree;
     use proptest::test_runner::TestRunner;
     let mut runner = TestRunner::deterministic();
     let (mut adopted, mut refused, mut blocks) = (0, 0, 0);
+    let knobs = Knobs::pytorch(1 << 30);
     for _ in 0..300 {
-        let segment = adopt_strategy().new_tree(&mut runner).unwrap().current();
-        let mut d = Differential::new(&Knobs::pytorch(1 << 30)).unwrap();
+        let segment = strategy::<AdoptSpec>()
+            .new_tree(&mut runner)
+            .unwrap()
+            .current();
+        let mut d = Driver::new(CoreSide::new(&knobs).unwrap(), ModelSide::new(&knobs));
         let n = segment.blocks.len();
         d.apply(&Op::Adopt { segment }).unwrap();
-        if d.alloc.segments().is_empty() {
+        if d.a.observe().unwrap().layout.is_empty() {
             refused += 1;
         } else {
             adopted += 1;
@@ -191,5 +197,84 @@ fn the_adoption_strategy_makes_valid_and_invalid_layouts() {
     assert!(
         blocks > 2 * adopted,
         "{blocks} blocks in {adopted} segments"
+    );
+}
+
+#[test]
+fn scripted_addresses_agree_in_both_unusable_ones_skipped() {
+    use Op::*;
+    use cachalot_harness::driver::Driver;
+    use cachalot_harness::op::{ADOPT_REGION, AdoptBlockSpec, AdoptSpec};
+    use cachalot_harness::side::{CoreSide, ModelSide, Side};
+    let segment = AdoptSpec {
+        address: ADOPT_REGION + 20 * MIB,
+        size: 20 * MIB,
+        stream: 0,
+        small: false,
+        blocks: vec![AdoptBlockSpec {
+            size: 20 * MIB,
+            state: 1,
+            requested: 20 * MIB,
+            streams: vec![],
+        }],
+    };
+    let knobs = Knobs {
+        address_script: vec![
+            0,                       // null: skipped
+            ADOPT_REGION + 256,      // not a multiple of 512: skipped
+            ADOPT_REGION + 30 * MIB, // inside the adopted segment: skipped
+            u64::MAX - 511,          // overflows: skipped
+            ADOPT_REGION,            // usable: taken
+            ADOPT_REGION + 2 * MIB,  // usable: taken by the next one
+        ],
+        ..Knobs::pytorch(1 << 30)
+    };
+    let mut d = Driver::new(CoreSide::new(&knobs).unwrap(), ModelSide::new(&knobs));
+    d.apply(&Adopt { segment }).unwrap();
+    for stream in 0..3 {
+        d.apply(&Malloc { size: 512, stream }).unwrap();
+    }
+    let segments: Vec<u64> =
+        d.a.observe()
+            .unwrap()
+            .layout
+            .iter()
+            .map(|s| s.address)
+            .collect();
+    assert_eq!(
+        segments,
+        [
+            ADOPT_REGION,
+            ADOPT_REGION + 2 * MIB,
+            ADOPT_REGION + 20 * MIB,
+            0x7f00_0000_0000
+        ]
+    );
+    d.drain().unwrap();
+}
+
+#[test]
+fn null_addresses_are_answered_alike() {
+    use Op::*;
+    // A raw foreign address of 0 is the null address: freeing it is a no-op in both, and
+    // `record_stream` on it must get the same answer from both.
+    run(
+        Knobs::pytorch(1 << 30),
+        vec![
+            FreeForeign { address: 0 },
+            RecordStreamForeign {
+                address: 0,
+                stream: 1,
+            },
+            Malloc {
+                size: 512,
+                stream: 0,
+            },
+            FreeForeign { address: 0 },
+            RecordStreamForeign {
+                address: 0,
+                stream: 0,
+            },
+        ],
     );
 }

@@ -7,28 +7,22 @@
 
 use std::time::Instant;
 
-use cachalot::sizes::Pool;
 use cachalot::{
-    AdoptedBlock, AdoptedSegment, AdoptedState, Backend, CachingCore, Error, SegmentInfo, Settings,
-    SimDevice, Stats, StreamId, TraceEvent,
+    AdoptedSegment, Backend, CachingCore, Error, SegmentInfo, Settings, SimDevice, Stats, StreamId,
+    TraceEvent,
 };
 use serde::Serialize;
 
-use crate::snapshot::{BlockStatus, ReplayOp, ReplayProgram, SegmentType};
+use crate::snapshot::ReplayProgram;
 
-/// The stream ids the replayer uses for cross-stream frees: one per held-back block, above
-/// any real stream handle's range.
-const SIDE_STREAM_BASE: u64 = 1 << 63;
+mod interpret;
+
+pub use interpret::{
+    Executed, Interpreter, ReplayTarget, StartFailure, is_side_stream, side_stream,
+};
 
 /// Operations between two progress reports.
 const PROGRESS_EVERY: usize = 1 << 14;
-
-/// Whether a stream id is one of the replayer's side streams (a held-back cross-stream free's),
-/// rather than one of the trace's stream handles. A backend that must map stream ids to real
-/// streams (the CUDA replay) uses this.
-pub fn is_side_stream(stream: StreamId) -> bool {
-    stream.0 & SIDE_STREAM_BASE != 0
-}
 
 /// The memory of an H200 as CUDA reports it: the default device size of a replay.
 pub const H200_MEMORY: u64 = 150_109_880_320;
@@ -250,7 +244,7 @@ pub fn replay_on_full<B: Backend>(
         core.record_history(true);
     }
     let mut pass = Pass::new(program, config.timeline);
-    pass.set_up_start(&mut core, program, config.start)?;
+    pass.set_up_start(&mut core, &mut complete, program, config.start)?;
     let mut offer = offer;
     let start = Instant::now();
     pass.run(
@@ -319,14 +313,60 @@ pub fn replay_on_full<B: Backend>(
     })
 }
 
-/// The state of one pass over a program.
+/// A core and the backend hooks of a replay, as a [`ReplayTarget`].
+struct CoreTarget<'a, 'o, B: Backend, C> {
+    core: &'a mut CachingCore<B>,
+    complete: &'a mut C,
+    offer: &'a mut Option<OfferAddress<'o, B>>,
+}
+
+impl<B: Backend, C: FnMut(&mut B, StreamId)> ReplayTarget for CoreTarget<'_, '_, B, C> {
+    type Error = Error;
+
+    #[inline]
+    fn is_out_of_memory(error: &Error) -> bool {
+        matches!(error, Error::OutOfMemory(_))
+    }
+
+    #[inline]
+    fn malloc(&mut self, size: u64, stream: StreamId) -> Result<u64, Error> {
+        self.core.malloc(size, stream)
+    }
+
+    #[inline]
+    fn free(&mut self, address: u64) -> Result<(), Error> {
+        self.core.free(address)
+    }
+
+    #[inline]
+    fn record_stream(&mut self, address: u64, stream: StreamId) -> Result<(), Error> {
+        self.core.record_stream(address, stream)
+    }
+
+    fn empty_cache(&mut self) -> Result<(), Error> {
+        self.core.empty_cache()
+    }
+
+    fn adopt_segment(&mut self, segment: AdoptedSegment) -> Result<(), Error> {
+        self.core.adopt_segment(segment)
+    }
+
+    fn complete_stream(&mut self, stream: StreamId) -> Result<(), Error> {
+        (self.complete)(self.core.backend_mut(), stream);
+        Ok(())
+    }
+
+    fn offer_address(&mut self, address: Option<u64>) -> Result<(), Error> {
+        if let Some(offer) = self.offer.as_mut() {
+            offer(self.core.backend_mut(), address);
+        }
+        Ok(())
+    }
+}
+
+/// One pass over a program: the interpreter, and what the replay measures along the way.
 struct Pass {
-    /// Per handle: its address (0 when not live).
-    live: Vec<u64>,
-    /// Per handle: its requested size.
-    sizes: Vec<u64>,
-    held_back: Vec<bool>,
-    requested: u64,
+    interpreter: Interpreter,
     peak_requested: u64,
     peak_reserved: i64,
     whole_free_at_peak: u64,
@@ -340,12 +380,8 @@ struct Pass {
 
 impl Pass {
     fn new(program: &ReplayProgram, keep_timeline: bool) -> Pass {
-        let n = program.num_handles();
         Pass {
-            live: vec![0; n],
-            sizes: vec![0; n],
-            held_back: vec![false; n],
-            requested: 0,
+            interpreter: Interpreter::new(program),
             peak_requested: 0,
             peak_reserved: 0,
             whole_free_at_peak: 0,
@@ -363,86 +399,33 @@ impl Pass {
     }
 
     /// Puts the allocator in the state the trace's recording began in.
-    fn set_up_start<B: Backend>(
+    fn set_up_start<B: Backend, C: FnMut(&mut B, StreamId)>(
         &mut self,
         core: &mut CachingCore<B>,
+        complete: &mut C,
         program: &ReplayProgram,
         mode: StartMode,
     ) -> Result<(), ReplayError> {
-        if program.initial.is_empty() && program.start.segments.is_empty() {
+        if mode == StartMode::Empty
+            || (program.initial.is_empty() && program.start.segments.is_empty())
+        {
             return Ok(());
         }
-        match mode {
-            StartMode::Empty => return Ok(()),
-            StartMode::Exact => {
-                let mut handles = program.initial.iter();
-                for seg in &program.start.segments {
-                    let mut blocks = Vec::with_capacity(seg.blocks.len());
-                    for b in &seg.blocks {
-                        let state = match b.state {
-                            BlockStatus::Inactive => AdoptedState::Free,
-                            live => {
-                                let h = handles.next().filter(|h| h.address == b.address).ok_or(
-                                    ReplayError::Start(Error::InvalidAdoption {
-                                        reason: "the program's start handles do not match its \
-                                                 start layout"
-                                            .into(),
-                                    }),
-                                )?;
-                                if live == BlockStatus::ActivePendingFree {
-                                    self.held_back[h.id] = true;
-                                    AdoptedState::Pending {
-                                        requested: b.requested,
-                                        streams: vec![side_stream(h.id)],
-                                    }
-                                } else {
-                                    self.live[h.id] = b.address;
-                                    self.sizes[h.id] = h.requested;
-                                    self.requested += h.requested;
-                                    AdoptedState::Allocated {
-                                        requested: b.requested,
-                                    }
-                                }
-                            }
-                        };
-                        blocks.push(AdoptedBlock {
-                            size: b.size,
-                            state,
-                        });
-                    }
-                    core.adopt_segment(AdoptedSegment {
-                        address: seg.address,
-                        size: seg.size,
-                        stream: StreamId(seg.stream),
-                        pool: match seg.pool {
-                            SegmentType::Small => Pool::Small,
-                            SegmentType::Large => Pool::Large,
-                        },
-                        blocks,
-                    })
-                    .map_err(ReplayError::Start)?;
-                }
-            }
-            StartMode::LiveTensors => {
-                for h in &program.initial {
-                    let address = match core.malloc(h.requested, StreamId(h.stream)) {
-                        Ok(a) => a,
-                        Err(Error::OutOfMemory(_)) => continue,
-                        Err(e) => return Err(ReplayError::Start(e)),
-                    };
-                    if h.pending {
-                        core.record_stream(address, side_stream(h.id))
-                            .and_then(|()| core.free(address))
-                            .map_err(ReplayError::Start)?;
-                        self.held_back[h.id] = true;
-                    } else {
-                        self.live[h.id] = address;
-                        self.sizes[h.id] = h.requested;
-                        self.requested += h.requested;
-                    }
-                }
-            }
-        }
+        let mut target = CoreTarget {
+            core: &mut *core,
+            complete,
+            offer: &mut None,
+        };
+        self.interpreter
+            .set_up_start(&mut target, program, mode)
+            .map_err(|e| {
+                ReplayError::Start(match e {
+                    StartFailure::Target(e) => e,
+                    StartFailure::Inconsistent => Error::InvalidAdoption {
+                        reason: "the program's start handles do not match its start layout".into(),
+                    },
+                })
+            })?;
         self.observe(core.stats());
         Ok(())
     }
@@ -458,95 +441,47 @@ impl Pass {
         done_before: usize,
         progress: &mut dyn FnMut(usize),
     ) -> Result<(), ReplayError> {
-        let ops = &program.ops;
-        let mut next_segment = program.segment_at.iter().peekable();
-        for (i, op) in ops.iter().enumerate() {
+        let offer_addresses = offer.is_some();
+        for i in 0..program.ops.len() {
             if i % PROGRESS_EVERY == 0 && i > 0 {
                 progress(done_before + i);
             }
-            let mut offered = false;
-            if let Some(offer) = offer.as_mut() {
-                while next_segment.peek().is_some_and(|&&(at, _)| at < i) {
-                    next_segment.next();
-                }
-                if let Some(&&(at, address)) = next_segment.peek()
-                    && at == i
-                {
-                    offer(core.backend_mut(), Some(address));
-                    offered = true;
-                }
-            }
-            match *op {
-                ReplayOp::Alloc { id, size, stream } => {
-                    let Some(slot) = self.live.get_mut(id) else {
-                        continue;
-                    };
-                    let before = if observe {
-                        core.stats().num_device_alloc
-                    } else {
-                        0
-                    };
-                    match core.malloc(size, StreamId(stream)) {
-                        Ok(address) => {
-                            *slot = address;
-                            self.sizes[id] = size;
-                            self.requested += size;
-                            self.allocs += 1;
-                            if observe && core.stats().num_device_alloc == before {
-                                self.hits += 1;
-                            }
-                        }
-                        Err(Error::OutOfMemory(_)) => self.allocs += 1,
-                        Err(error) => return Err(ReplayError::Device { op: i, error }),
+            let before = if observe {
+                core.stats().num_device_alloc
+            } else {
+                0
+            };
+            let mut target = CoreTarget {
+                core: &mut *core,
+                complete: &mut *complete,
+                offer: &mut *offer,
+            };
+            match self
+                .interpreter
+                .step(&mut target, program, i, offer_addresses)
+                .map_err(|error| ReplayError::Device { op: i, error })?
+            {
+                Executed::Allocated => {
+                    self.allocs += 1;
+                    if observe && core.stats().num_device_alloc == before {
+                        self.hits += 1;
                     }
                 }
-                ReplayOp::FreeRequested { id } => {
-                    let Some(&address) = self.live.get(id) else {
-                        continue;
-                    };
-                    if address == 0 {
-                        continue;
-                    }
-                    // A free not directly followed by its completion was held back by PyTorch
-                    // for other streams' work: record a use on a side stream of its own, which
-                    // completes at the matching FreeCompleted.
-                    let deferred = !matches!(ops.get(i + 1), Some(ReplayOp::FreeCompleted { id: next }) if *next == id);
-                    let result = if deferred {
-                        self.held_back[id] = true;
-                        core.record_stream(address, side_stream(id))
-                            .and_then(|()| core.free(address))
-                    } else {
-                        core.free(address)
-                    };
-                    result.map_err(|error| ReplayError::Device { op: i, error })?;
-                    self.live[id] = 0;
-                    self.requested -= self.sizes[id];
-                    self.frees += 1;
-                }
-                ReplayOp::FreeCompleted { id } => {
-                    if self.held_back.get(id) == Some(&true) {
-                        self.held_back[id] = false;
-                        complete(core.backend_mut(), side_stream(id));
-                    }
-                }
-                ReplayOp::EmptyCache => {
-                    core.empty_cache()
-                        .map_err(|error| ReplayError::Device { op: i, error })?;
-                }
-            }
-            if offered && let Some(offer) = offer.as_mut() {
-                offer(core.backend_mut(), None);
+                Executed::AllocationFailed => self.allocs += 1,
+                Executed::Freed => self.frees += 1,
+                Executed::Other => {}
             }
             if observe {
                 self.observe(core.stats());
             }
         }
-        progress(done_before + ops.len());
+        progress(done_before + program.ops.len());
         Ok(())
     }
 
     fn observe(&mut self, stats: &Stats) {
-        self.peak_requested = self.peak_requested.max(self.requested);
+        let requested = self.interpreter.requested();
+        self.peak_requested = self.peak_requested.max(requested);
         let reserved = stats.reserved_bytes.all.current;
         if reserved > self.peak_reserved {
             self.peak_reserved = reserved;
@@ -557,7 +492,7 @@ impl Pass {
         }
         if self.keep_timeline {
             self.timeline.push(Sample {
-                requested: self.requested,
+                requested,
                 allocated: stats.allocated_bytes.all.current as u64,
                 reserved: reserved as u64,
             });
@@ -571,25 +506,16 @@ impl Pass {
         core: &mut CachingCore<B>,
         complete: &mut impl FnMut(&mut B, StreamId),
     ) -> Result<(), ReplayError> {
-        for id in 0..self.live.len() {
-            if self.live[id] != 0 {
-                core.free(self.live[id])
-                    .map_err(|error| ReplayError::Device {
-                        op: usize::MAX,
-                        error,
-                    })?;
-                self.live[id] = 0;
-            }
-            if self.held_back[id] {
-                self.held_back[id] = false;
-                complete(core.backend_mut(), side_stream(id));
-            }
-        }
-        self.requested = 0;
-        Ok(())
+        let mut target = CoreTarget {
+            core,
+            complete,
+            offer: &mut None,
+        };
+        self.interpreter
+            .release_all(&mut target)
+            .map_err(|error| ReplayError::Device {
+                op: usize::MAX,
+                error,
+            })
     }
-}
-
-fn side_stream(id: usize) -> StreamId {
-    StreamId(SIDE_STREAM_BASE | id as u64)
 }

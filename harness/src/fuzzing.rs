@@ -1,5 +1,5 @@
 //! The fuzz harnesses: what each cargo-fuzz target of `fuzz/` runs, kept here so that
-//! `cargo test` (tests/fuzz_corpus.rs) replays the committed seeds and regression inputs
+//! `cargo test` (harness/tests/fuzz_corpus.rs) replays the committed seeds and regression inputs
 //! through the very same code on stable Rust.
 //!
 //! The one rule: every harness takes arbitrary bytes, turns them into a valid input (never
@@ -16,14 +16,16 @@
 use std::collections::BTreeMap;
 
 use arbitrary::{Arbitrary, Unstructured};
-use cachalot::{
-    BackendError, BlockState, CachingCore, Error, Faults, Settings, SimDevice, StreamId,
+use cachalot::{CachingCore, Error, Settings, SimDevice, StreamId};
+use cachalot_tools::snapshot::{
+    ReadLimits, parse_snapshot, parse_snapshot_with_limits, write_snapshot,
 };
 
-use crate::differential::run_scenario;
+use crate::draw::{Draws, draw};
+use crate::driver::{Handles, run_scenario};
 use crate::op::{Op, STREAMS};
 use crate::scenario::{Knobs, Scenario};
-use crate::snapshot::{ReadLimits, parse_snapshot, parse_snapshot_with_limits, write_snapshot};
+use crate::side::{BlockKind, Call, CoreSide, FaultKind, Observation, Outcome, Side};
 
 /// A harness: arbitrary bytes in, `Err` with a description when the code under test misbehaves.
 pub type Harness = fn(&[u8]) -> Result<(), String>;
@@ -40,18 +42,26 @@ pub const TARGETS: &[(&str, Harness)] = &[
 /// Most operations one input runs, so that one execution stays well under a millisecond or so.
 pub const MAX_OPS: usize = 256;
 
-/// Decodes bytes into a scenario: knobs, then up to [`MAX_OPS`] operations until the bytes run
-/// out. Every byte string decodes (short ones to few operations).
-pub fn scenario_from_bytes(data: &[u8]) -> Scenario {
+/// Knobs, then up to [`MAX_OPS`] values of `T` until the bytes run out. Every byte string
+/// decodes (short ones to few values, and to PyTorch's defaults on 1 GiB when too short for
+/// knobs).
+fn decode<T: for<'a> Arbitrary<'a>>(data: &[u8]) -> (Knobs, Vec<T>) {
     let mut u = Unstructured::new(data);
     let knobs = Knobs::arbitrary(&mut u).unwrap_or_else(|_| Knobs::pytorch(1 << 30));
-    let mut ops = Vec::new();
-    while ops.len() < MAX_OPS && !u.is_empty() {
-        match Op::arbitrary(&mut u) {
-            Ok(op) => ops.push(op),
+    let mut values = Vec::new();
+    while values.len() < MAX_OPS && !u.is_empty() {
+        match T::arbitrary(&mut u) {
+            Ok(v) => values.push(v),
             Err(_) => break,
         }
     }
+    (knobs, values)
+}
+
+/// Decodes bytes into a scenario: knobs, then up to [`MAX_OPS`] operations until the bytes run
+/// out.
+pub fn scenario_from_bytes(data: &[u8]) -> Scenario {
+    let (knobs, ops) = decode(data);
     Scenario { knobs, ops }
 }
 
@@ -72,23 +82,6 @@ pub fn differential(data: &[u8]) -> Result<(), String> {
 // Device faults
 // ---------------------------------------------------------------------------------------------
 
-/// A device call that can be made to fail.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Arbitrary)]
-pub enum FaultKind {
-    /// Device allocation reports out-of-memory.
-    AllocOom,
-    /// Device allocation reports another device error.
-    AllocError,
-    /// Freeing a segment fails (the memory stays allocated).
-    FreeError,
-    /// Recording an event fails.
-    RecordError,
-    /// Querying an event fails.
-    QueryError,
-    /// Waiting for an event fails.
-    SyncError,
-}
-
 /// One step of a fault scenario.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FaultStep {
@@ -100,55 +93,44 @@ pub enum FaultStep {
     ClearFaults,
 }
 
+/// Fault steps: mostly operations, so that faults land in varied states.
+pub const FAULT_STEPS: &Draws<FaultStep> = &[
+    (3, |u| {
+        Ok(FaultStep::Inject(
+            FaultKind::arbitrary(u)?,
+            u.int_in_range(1u8..=3)?,
+        ))
+    }),
+    (1, |_| Ok(FaultStep::ClearFaults)),
+    (12, |u| Ok(FaultStep::Op(Op::arbitrary(u)?))),
+];
+
 impl<'a> Arbitrary<'a> for FaultStep {
     fn arbitrary(u: &mut Unstructured<'a>) -> arbitrary::Result<FaultStep> {
-        // Mostly operations, so that faults land in varied states.
-        Ok(match u.int_in_range(0u8..=15)? {
-            0..=2 => FaultStep::Inject(FaultKind::arbitrary(u)?, u.int_in_range(1u8..=3)?),
-            3 => FaultStep::ClearFaults,
-            _ => FaultStep::Op(Op::arbitrary(u)?),
-        })
+        draw(u, FAULT_STEPS)
     }
 }
 
 /// Decodes bytes into knobs and up to [`MAX_OPS`] fault steps.
 pub fn fault_scenario_from_bytes(data: &[u8]) -> (Knobs, Vec<FaultStep>) {
-    let mut u = Unstructured::new(data);
-    let knobs = Knobs::arbitrary(&mut u).unwrap_or_else(|_| Knobs::pytorch(1 << 30));
-    let mut steps = Vec::new();
-    while steps.len() < MAX_OPS && !u.is_empty() {
-        match FaultStep::arbitrary(&mut u) {
-            Ok(s) => steps.push(s),
-            Err(_) => break,
-        }
-    }
-    (knobs, steps)
+    decode(data)
 }
 
-/// The allocator alone on a simulated device that fails on request, with a shadow map of
-/// every allocation the user holds.
+/// The allocator alone on a simulated device that fails on request, with the user's view of
+/// every allocation ([`Handles`], the driver's own).
 pub struct FaultHarness {
     /// The allocator under test.
-    pub core: CachingCore<SimDevice>,
-    /// Live allocations `(address, requested size)`, in the order they were made.
-    live: Vec<(u64, u64)>,
-    freed: Vec<u64>,
+    pub side: CoreSide,
+    handles: Handles,
     step: usize,
-}
-
-fn injected(e: &Error) -> bool {
-    matches!(e, Error::Backend(BackendError::Device { message, .. }) if message == "injected fault")
 }
 
 impl FaultHarness {
     /// The allocator configured by `knobs` on a fault-free device.
     pub fn new(knobs: &Knobs) -> Result<FaultHarness, String> {
-        let core = CachingCore::new(SimDevice::new(knobs.capacity), knobs.settings())
-            .map_err(|e| e.to_string())?;
         Ok(FaultHarness {
-            core,
-            live: Vec::new(),
-            freed: Vec::new(),
+            side: CoreSide::new(knobs)?,
+            handles: Handles::default(),
             step: 0,
         })
     }
@@ -161,156 +143,114 @@ impl FaultHarness {
             .map_err(|e| format!("step {}: {step:?}: {e}", self.step))
     }
 
+    fn observe(&self) -> Result<Observation, String> {
+        self.side.observe()
+    }
+
     fn run(&mut self, step: &FaultStep) -> Result<(), String> {
         let op = match step {
             FaultStep::Inject(kind, n) => {
-                let n = u32::from(*n);
-                let mut f = Faults::default();
-                match kind {
-                    FaultKind::AllocOom => f.alloc_oom = n,
-                    FaultKind::AllocError => f.alloc_error = n,
-                    FaultKind::FreeError => f.free_error = n,
-                    FaultKind::RecordError => f.record_error = n,
-                    FaultKind::QueryError => f.query_error = n,
-                    FaultKind::SyncError => f.sync_error = n,
-                }
-                self.core.backend_mut().inject(f);
+                self.side.inject(*kind, u32::from(*n));
                 return Ok(());
             }
             FaultStep::ClearFaults => {
-                self.core.backend_mut().clear_faults();
+                self.side.clear_faults();
                 return Ok(());
             }
             FaultStep::Op(op) => op,
         };
-        let stream = |s: u8| StreamId(u64::from(s % STREAMS));
-        match *op {
-            Op::Malloc { size, stream: s } => {
-                let before = self.core.stats().allocation.all.current;
-                match self.core.malloc(size, stream(s)) {
-                    Ok(0) if size == 0 => {}
-                    Ok(0) => return Err(format!("address 0 for {size} bytes")),
-                    Ok(_) if size == 0 => return Err("a zero-size request got an address".into()),
-                    Ok(a) => {
-                        if self.live.iter().any(|&(x, _)| x == a) {
-                            return Err(format!("{a:#x} handed out twice"));
-                        }
-                        self.live.push((a, size));
-                    }
-                    Err(e) => {
-                        let expected = match &e {
-                            Error::OutOfMemory(_) => true,
-                            Error::TooLarge { .. } => size > cachalot::sizes::MAX_ALLOC_SIZE,
-                            e => injected(e),
-                        };
-                        if !expected {
-                            return Err(format!("unexpected error: {e}"));
-                        }
-                        if self.core.stats().allocation.all.current != before {
-                            return Err(format!(
-                                "a failed allocation changed the allocation count: {e}"
-                            ));
-                        }
-                    }
+        let call = self.handles.resolve(0, op);
+        let before = match call {
+            Call::Adopt { .. } => Some(self.observe()?),
+            _ => None,
+        };
+        let allocations = self.side.live_allocations();
+        let outcome = self.side.call(&call);
+        let expected = match (&call, &outcome) {
+            (Call::Malloc { size, .. }, Outcome::Ok(a)) => {
+                if (*a == 0) != (*size == 0) {
+                    return Err(format!("address {a:#x} for {size} bytes"));
                 }
-            }
-            Op::Free { pick } => {
-                if self.live.is_empty() {
-                    expect_unknown(self.core.free(0xdead_0000))?;
-                } else {
-                    let i = pick as usize % self.live.len();
-                    let (a, _) = self.live[i];
-                    match self.core.free(a) {
-                        Ok(()) => {
-                            self.live.remove(i);
-                            self.freed.push(a);
-                        }
-                        // The block stays allocated: the shadow map keeps it, and the check
-                        // after this step makes sure the allocator does too.
-                        Err(e) if injected(&e) => {}
-                        Err(e) => {
-                            return Err(format!("unexpected error freeing a live block: {e}"));
-                        }
-                    }
+                if *a != 0 && self.handles.is_live(*a) {
+                    return Err(format!("{a:#x} handed out twice"));
                 }
+                true
             }
-            Op::RecordStream { pick, stream: s } => {
-                if self.live.is_empty() {
-                    expect_unknown(self.core.record_stream(0xdead_0000, stream(s)))?;
-                } else {
-                    let (a, _) = self.live[pick as usize % self.live.len()];
-                    self.core
-                        .record_stream(a, stream(s))
-                        .map_err(|e| format!("record_stream of a live block: {e}"))?;
-                }
-            }
-            Op::CompleteStream { stream: s } => self.core.backend_mut().complete_stream(stream(s)),
-            Op::EmptyCache => match self.core.empty_cache() {
-                Ok(()) => {}
-                Err(e) if injected(&e) => {}
-                Err(e) => return Err(format!("unexpected error: {e}")),
-            },
-            Op::SetFraction { per_mille } => {
-                let r = self.core.set_memory_fraction(f64::from(per_mille) / 1000.0);
-                match (per_mille <= 1000, r) {
-                    (true, Ok(())) | (false, Err(Error::InvalidFraction { .. })) => {}
-                    (_, r) => return Err(format!("set_memory_fraction gave {r:?}")),
-                }
-            }
-            Op::FailDeviceAllocs { n } => self.core.backend_mut().fail_next_allocs(u32::from(n)),
-            Op::FreeForeign { address } => {
-                let mut a = if address % 2 == 0 && !self.freed.is_empty() {
-                    self.freed[(address / 2) as usize % self.freed.len()]
-                } else {
-                    address
+            (Call::Malloc { size, .. }, o) => {
+                let expected = match o {
+                    Outcome::OutOfMemory { .. } | Outcome::InjectedFault => true,
+                    Outcome::TooLarge => *size > cachalot::sizes::MAX_ALLOC_SIZE,
+                    _ => false,
                 };
-                if a == 0 || self.live.iter().any(|&(x, _)| x == a) {
-                    a |= 1;
+                if expected && self.side.live_allocations() != allocations {
+                    return Err(format!(
+                        "a failed allocation changed the allocation count: {o:?}"
+                    ));
                 }
-                expect_unknown(self.core.free(a))?;
+                expected
             }
-            Op::Adopt { ref segment } => {
-                let before = (self.core.segments(), self.core.stats().clone());
-                match self.core.adopt_segment(segment.to_allocator()) {
-                    Ok(()) => {
-                        let mut address = segment.address;
-                        for b in &segment.blocks {
-                            if b.state == 1 {
-                                self.live.push((address, b.requested));
-                            }
-                            address += b.size;
-                        }
-                    }
-                    Err(e) => {
-                        let expected = matches!(
-                            e,
-                            Error::InvalidAdoption { .. }
-                                | Error::Backend(BackendError::OutOfMemory)
-                        ) || injected(&e);
-                        if !expected {
-                            return Err(format!("unexpected error adopting a segment: {e}"));
-                        }
-                        if (self.core.segments(), self.core.stats().clone()) != before {
-                            return Err(format!("a refused adoption changed the state: {e}"));
-                        }
-                    }
+            // The null address: freeing it is a no-op; both answers to `record_stream` are
+            // left to the differential, which makes the two sides agree.
+            (Call::Free { address: 0, .. }, o) => *o == Outcome::Ok(0),
+            (Call::RecordStream { address: 0, .. }, o) => {
+                matches!(o, Outcome::Ok(0) | Outcome::UnknownPointer)
+            }
+            // A live block: freed, or (injected fault) kept, and then the check after this step
+            // makes sure the allocator keeps it too. `record_stream` makes no device call.
+            (Call::Free { address, .. }, o) if self.handles.is_live(*address) => {
+                matches!(o, Outcome::Ok(0) | Outcome::InjectedFault)
+            }
+            (Call::RecordStream { address, .. }, o) if self.handles.is_live(*address) => {
+                *o == Outcome::Ok(0)
+            }
+            (Call::Free { .. } | Call::RecordStream { .. }, o) => *o == Outcome::UnknownPointer,
+            (Call::EmptyCache { .. }, o) => matches!(o, Outcome::Ok(0) | Outcome::InjectedFault),
+            (Call::SetFraction { fraction, .. }, o) => {
+                *o == if (0.0..=1.0).contains(fraction) {
+                    Outcome::Ok(0)
+                } else {
+                    Outcome::InvalidFraction
                 }
             }
-            Op::SetNextAddress { address } => self.core.backend_mut().set_next_address(address),
+            (Call::Adopt { .. }, Outcome::Ok(0)) => true,
+            (Call::Adopt { .. }, o) => {
+                let expected = matches!(
+                    o,
+                    Outcome::InvalidAdoption
+                        | Outcome::AdoptionOutOfMemory
+                        | Outcome::InjectedFault
+                );
+                if expected && Some(self.observe()?) != before {
+                    return Err(format!("a refused adoption changed the state: {o:?}"));
+                }
+                expected
+            }
+            (
+                Call::CompleteStream { .. }
+                | Call::FailDeviceAllocs { .. }
+                | Call::SetNextAddress { .. }
+                | Call::FlushThread { .. }
+                | Call::RetireThread { .. },
+                o,
+            ) => *o == Outcome::Ok(0),
+        };
+        if !expected {
+            return Err(format!("{call:?} gave {outcome:?}"));
         }
+        self.handles.learn(&call, &outcome);
         Ok(())
     }
 
     /// No block lost, none handed out twice, the device holds exactly the allocator's segments,
     /// and the allocator's own invariants hold.
     pub fn check(&self) -> Result<(), String> {
-        self.core
+        self.side
             .check_invariants()
             .map_err(|e| format!("allocator invariant: {e}"))?;
-        let segments = self.core.segments();
+        let layout = self.observe()?.layout;
         let mut allocated: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
         let mut end = 0u64;
-        for s in &segments {
+        for s in &layout {
             if s.address < end {
                 return Err(format!(
                     "segment {:#x} overlaps the one before it",
@@ -318,18 +258,20 @@ impl FaultHarness {
                 ));
             }
             end = s.address + s.size;
-            for b in s.blocks.iter().filter(|b| b.state == BlockState::Allocated) {
+            for b in s.blocks.iter().filter(|b| b.kind == BlockKind::Allocated) {
                 allocated.insert(b.address, (b.size, b.requested));
             }
         }
-        if allocated.len() != self.live.len() {
+        let live = self.handles.live();
+        if allocated.len() != live.len() {
             return Err(format!(
                 "the allocator holds {} allocated blocks, the user {} (lost or phantom blocks)",
                 allocated.len(),
-                self.live.len()
+                live.len()
             ));
         }
-        for &(a, requested) in &self.live {
+        for l in live {
+            let (a, requested) = (l.address, l.requested);
             match allocated.get(&a) {
                 Some(&(size, r)) if r == requested && size >= requested => {}
                 Some(b) => {
@@ -344,89 +286,85 @@ impl FaultHarness {
                 }
             }
         }
-        let device: Vec<(u64, u64)> = self.core.backend().allocations().collect();
-        let held: Vec<(u64, u64)> = segments.iter().map(|s| (s.address, s.size)).collect();
+        let device = self.side.device_allocations();
+        let held: Vec<(u64, u64)> = layout.iter().map(|s| (s.address, s.size)).collect();
         if device != held {
             return Err(format!(
                 "device allocations {device:x?} differ from the allocator's segments {held:x?}"
             ));
         }
-        let reserved = self.core.stats().reserved_bytes.all.current;
-        if self.core.backend().used() as i64 != reserved {
+        let used = self.observe()?.device_used;
+        let reserved = self.side.reserved_bytes();
+        if used as i64 != reserved {
             return Err(format!(
-                "device holds {} B, the allocator reserves {reserved} B",
-                self.core.backend().used()
+                "device holds {used} B, the allocator reserves {reserved} B"
             ));
         }
         Ok(())
+    }
+
+    fn must(&mut self, call: Call) -> Result<u64, String> {
+        match self.side.call(&call) {
+            Outcome::Ok(v) => {
+                self.handles.learn(&call, &Outcome::Ok(v));
+                Ok(v)
+            }
+            o => Err(format!("recovery: {call:?} gave {o:?}")),
+        }
     }
 
     /// With the faults stopped: frees everything the user holds, completes every stream, empties
     /// the cache and checks the device is empty; then serves fresh requests as usual and gives
     /// them back.
     pub fn recover(&mut self) -> Result<(), String> {
-        self.core.backend_mut().clear_faults();
-        for (a, _) in std::mem::take(&mut self.live) {
-            self.core
-                .free(a)
-                .map_err(|e| format!("recovery: free {a:#x}: {e}"))?;
+        self.side.clear_faults();
+        for l in self.handles.live().to_vec() {
+            self.must(Call::Free {
+                thread: 0,
+                address: l.address,
+            })?;
         }
         for s in 0..STREAMS {
-            self.core
-                .backend_mut()
-                .complete_stream(StreamId(u64::from(s)));
+            self.must(Call::CompleteStream {
+                stream: u64::from(s),
+            })?;
         }
-        self.core
-            .empty_cache()
-            .map_err(|e| format!("recovery: empty_cache: {e}"))?;
+        self.must(Call::EmptyCache { thread: 0 })?;
         self.check().map_err(|e| format!("recovery: {e}"))?;
-        let d = self.core.backend();
-        if d.used() != 0 || d.live_events() != 0 || self.core.live_allocations() != 0 {
+        let used = self.observe()?.device_used;
+        let (events, allocations) = (self.side.live_events(), self.side.live_allocations());
+        if used != 0 || events != 0 || allocations != 0 {
             return Err(format!(
-                "recovery: {} B, {} events and {} allocations still held after freeing everything and emptying the cache",
-                d.used(),
-                d.live_events(),
-                self.core.live_allocations()
+                "recovery: {used} B, {events} events and {allocations} allocations still held after freeing everything and emptying the cache"
             ));
         }
         // Working normally: requests in both pools, held together (at most 38 MiB of segments
         // after rounding, on devices of at least 48 MiB), are served and returned.
-        self.core
-            .set_memory_fraction(1.0)
-            .map_err(|e| format!("recovery: {e}"))?;
+        self.must(Call::SetFraction {
+            thread: 0,
+            fraction: 1.0,
+        })?;
         for size in [512, 1 << 20, 3 << 20, 12 << 20] {
-            let a = self
-                .core
-                .malloc(size, StreamId(0))
-                .map_err(|e| format!("recovery: malloc {size}: {e}"))?;
-            self.live.push((a, size));
+            self.must(Call::Malloc {
+                thread: 0,
+                size,
+                stream: 0,
+            })?;
             self.check().map_err(|e| format!("recovery: {e}"))?;
         }
-        for (a, _) in std::mem::take(&mut self.live) {
-            self.core
-                .free(a)
-                .map_err(|e| format!("recovery: free {a:#x}: {e}"))?;
+        for l in self.handles.live().to_vec() {
+            self.must(Call::Free {
+                thread: 0,
+                address: l.address,
+            })?;
         }
-        self.core
-            .empty_cache()
-            .map_err(|e| format!("recovery: empty_cache: {e}"))?;
+        self.must(Call::EmptyCache { thread: 0 })?;
         self.check().map_err(|e| format!("recovery: {e}"))?;
-        if self.core.backend().used() != 0 {
-            return Err(format!(
-                "recovery: {} B still held at the end",
-                self.core.backend().used()
-            ));
+        let used = self.observe()?.device_used;
+        if used != 0 {
+            return Err(format!("recovery: {used} B still held at the end"));
         }
         Ok(())
-    }
-}
-
-fn expect_unknown(r: Result<(), Error>) -> Result<(), String> {
-    match r {
-        Err(Error::UnknownPointer { .. }) => Ok(()),
-        r => Err(format!(
-            "an address that is not live gave {r:?}, not UnknownPointer"
-        )),
     }
 }
 

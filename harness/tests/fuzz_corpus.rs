@@ -1,17 +1,20 @@
 //! The fuzz targets' committed inputs, replayed on stable Rust: every file of
 //! `fuzz/seeds/<target>/` (the seed corpus) and `fuzz/regressions/<target>/` (inputs that once
 //! crashed a target) goes through the same harness the fuzz target runs
-//! (`cachalot_tools::fuzzing`), so a crash found once stays a regression test.
+//! (`cachalot_harness::fuzzing`), so a crash found once stays a regression test.
 //!
 //! To keep a crash: copy the artifact libFuzzer wrote (`fuzz/artifacts/<target>/crash-…`) to
 //! `fuzz/regressions/<target>/`, fix the bug, and commit both.
 
 use std::path::{Path, PathBuf};
 
-use cachalot_tools::fuzzing::{Harness, TARGETS};
+use cachalot_harness::fuzzing::{Harness, TARGETS};
+use rand::rngs::Xoshiro256PlusPlus;
+use rand::{RngExt, SeedableRng};
 
+/// The repository's `fuzz/` folder (this crate is `harness/`).
 fn fuzz_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz")
 }
 
 /// The files of `fuzz/<kind>/<target>/`, sorted (none when the folder does not exist).
@@ -103,17 +106,11 @@ fn committed_regression_inputs_pass_every_target() {
 /// stable even where cargo-fuzz is not installed.
 #[test]
 fn pseudo_random_inputs_pass_every_target() {
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(0x9e37_79b9_7f4a_7c15);
     for &(target, harness) in TARGETS {
         for i in 0..200 {
-            let len = (next() % 600) as usize;
-            let data: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            let len = rng.random_range(0..600);
+            let data: Vec<u8> = (0..len).map(|_| rng.random()).collect();
             if let Err(e) = run(harness, &data) {
                 panic!("{target}, input {i} ({data:?}): {e}");
             }

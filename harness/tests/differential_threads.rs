@@ -4,11 +4,9 @@
 //!
 //! `PROPTEST_CASES` raises the number of sequences for long campaigns (default 200 here).
 
-use cachalot_tools::op::Op;
-use cachalot_tools::scenario::Knobs;
-use cachalot_tools::threaded::{
-    ThreadOp, ThreadScenario, run_thread_scenario, thread_scenario_strategy,
-};
+use cachalot_harness::driver::run_thread_scenario;
+use cachalot_harness::op::{Op, ThreadOp};
+use cachalot_harness::scenario::{Knobs, ThreadScenario, thread_scenario_strategy};
 use proptest::prelude::*;
 
 fn cases() -> u32 {
@@ -24,8 +22,8 @@ proptest! {
     #[test]
     fn front_end_agrees_with_model_on_random_threaded_sequences(scenario in thread_scenario_strategy(50..=200)) {
         if let Err(e) = run_thread_scenario(&scenario) {
-            prop_assert!(false, "{e}\nknobs: {:?}\nthread_cache_blocks: {}\nops ({}): {:?}",
-                scenario.knobs, scenario.thread_cache_blocks, scenario.ops.len(), scenario.ops);
+            prop_assert!(false, "{e}\nknobs: {:?}\nops ({}): {:?}",
+                scenario.knobs, scenario.ops.len(), scenario.ops);
         }
     }
 }
@@ -34,8 +32,10 @@ const MIB: u64 = 1 << 20;
 
 fn run(thread_cache_blocks: u32, knobs: Knobs, ops: Vec<ThreadOp>) {
     let s = ThreadScenario {
-        knobs,
-        thread_cache_blocks,
+        knobs: Knobs {
+            thread_cache_blocks,
+            ..knobs
+        },
         ops,
     };
     if let Err(e) = run_thread_scenario(&s) {

@@ -1,0 +1,112 @@
+//! The printer: [`Settings`] as its canonical configuration string.
+
+use std::fmt;
+
+use super::parse::Key;
+use super::*;
+
+impl fmt::Display for Settings {
+    /// The canonical configuration string: the keys whose value differs from PyTorch's
+    /// defaults, in a fixed order, comma-separated without spaces (the empty string for the
+    /// defaults). For any settings produced by [`Settings::parse`] (or the setters),
+    /// `Settings::parse(&s.to_string()) == Ok(s)`. `roundup_power2_divisions` is printed in
+    /// the compact form when all intervals hold the same power of two, else as a list that
+    /// sets every interval explicitly.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let d = Settings::pytorch();
+        let mut parts: Vec<String> = Vec::new();
+        if self.max_split_size != d.max_split_size {
+            parts.push(format!(
+                "{}:{}",
+                Key::MaxSplitSize.name(),
+                self.max_split_size / MIB
+            ));
+        }
+        if self.max_non_split_rounding_size != d.max_non_split_rounding_size {
+            parts.push(format!(
+                "{}:{}",
+                Key::MaxNonSplitRounding.name(),
+                self.max_non_split_rounding_size / MIB
+            ));
+        }
+        if self.garbage_collection_threshold != d.garbage_collection_threshold {
+            parts.push(format!(
+                "{}:{}",
+                Key::GcThreshold.name(),
+                self.garbage_collection_threshold
+            ));
+        }
+        if self.roundup_power2_divisions != d.roundup_power2_divisions {
+            parts.push(format!(
+                "{}:{}",
+                Key::RoundupDivisions.name(),
+                format_divisions(&self.roundup_power2_divisions)
+            ));
+        }
+        if self.expandable_segments != d.expandable_segments {
+            parts.push(format!(
+                "{}:{}",
+                Key::ExpandableSegments.name(),
+                bool_word(self.expandable_segments)
+            ));
+        }
+        if let Some(x) = self.per_process_memory_fraction {
+            parts.push(format!("{}:{}", Key::MemoryFraction.name(), x));
+        }
+        if self.backend != d.backend {
+            parts.push(format!("{}:{}", Key::Backend.name(), self.backend));
+        }
+        // cachalot's own key: omitted when equal to the default that `parse` starts from, so
+        // that the defaults display as the empty string and every value round-trips.
+        if self.thread_cache_blocks != THREAD_CACHE_BLOCKS {
+            parts.push(format!(
+                "{}:{}",
+                Key::ThreadCacheBlocks.name(),
+                self.thread_cache_blocks
+            ));
+        }
+        f.write_str(&parts.join(","))
+    }
+}
+
+/// `True` or `False`, as the configuration string spells them.
+fn bool_word(b: bool) -> &'static str {
+    if b { "True" } else { "False" }
+}
+
+/// The value of `roundup_power2_divisions` for a table: `N` when every interval holds the
+/// same power of two `N`, else a list that sets every interval regardless of the table it is
+/// applied over: the first entry ends the first run of equal values (and fills the intervals
+/// below it), each interval after it up to the last run is written out, and `>` fills the last
+/// run.
+fn format_divisions(table: &[u64; INTERVALS]) -> String {
+    let first = table[0];
+    let last = table[INTERVALS - 1];
+    // Index of the last interval of the first run of equal values.
+    let first_end = table
+        .iter()
+        .position(|&d| d != first)
+        .map_or(INTERVALS - 1, |p| p - 1);
+    if first_end == INTERVALS - 1 && first.is_power_of_two() {
+        return first.to_string();
+    }
+    let mut entries = vec![format!("{}:{}", 1u64 << first_end, first)];
+    if first_end < INTERVALS - 1 {
+        // Start of the last run of equal values; it lies after the first run.
+        let last_start = table
+            .iter()
+            .rposition(|&d| d != last)
+            .map_or(0, |p| p + 1)
+            .max(first_end + 1);
+        for (i, d) in table
+            .iter()
+            .enumerate()
+            .take(last_start)
+            .skip(first_end + 1)
+        {
+            entries.push(format!("{}:{}", 1u64 << i, d));
+        }
+        entries.push(format!(">:{last}"));
+    }
+    format!("[{}]", entries.join(","))
+}

@@ -1,0 +1,179 @@
+//! Scenarios: a device, settings, and a sequence of operations.
+//!
+//! The one rule: a scenario describes settings once, in plain numbers ([`Knobs`]); each side
+//! turns them into its own crate's configuration ([`crate::side`]), and the two crates never
+//! see each other's types. A new setting is a field here, a table in [`tables`] and a line
+//! in [`Knobs::arbitrary`], and one line in each side's conversion.
+
+use arbitrary::{Arbitrary, Unstructured};
+use proptest::prelude::*;
+
+use crate::draw::{Weighted, strategy, weighted};
+use crate::op::{Op, ThreadOp};
+
+const MIB: u64 = 1 << 20;
+
+/// The policy knobs a scenario varies, in plain numbers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Knobs {
+    /// Simulated device capacity in bytes.
+    pub capacity: u64,
+    /// `max_split_size` in bytes (`u64::MAX` for unlimited).
+    pub max_split_size: u64,
+    /// `max_non_split_rounding_size` in bytes.
+    pub max_non_split_rounding_size: u64,
+    /// `garbage_collection_threshold` (0 = off).
+    pub garbage_collection_threshold: f64,
+    /// `roundup_power2_divisions`, one entry per interval.
+    pub roundup_power2_divisions: [u64; 16],
+    /// A memory fraction set at the start.
+    pub memory_fraction: Option<f64>,
+    /// Blocks each thread's cache keeps (rule 17; 0: none, PyTorch's front end). Only the
+    /// front end has thread caches: the core runs with 0.
+    pub thread_cache_blocks: u32,
+    /// Segment addresses the simulated devices hand out first, in order (a recorded trace's).
+    pub address_script: Vec<u64>,
+}
+
+impl Knobs {
+    /// PyTorch's defaults on a device of `capacity` bytes.
+    pub fn pytorch(capacity: u64) -> Knobs {
+        Knobs {
+            capacity,
+            max_split_size: u64::MAX,
+            max_non_split_rounding_size: 20 * MIB,
+            garbage_collection_threshold: 0.0,
+            roundup_power2_divisions: [0; 16],
+            memory_fraction: None,
+            thread_cache_blocks: 0,
+            address_script: Vec::new(),
+        }
+    }
+}
+
+/// `roundup_power2_divisions` mixed per interval: 1 below 2 MiB, 2 below 4 MiB, 8 above.
+const MIXED_DIVISIONS: [u64; 16] = {
+    let mut d = [8u64; 16];
+    d[0] = 1;
+    d[1] = 2;
+    d
+};
+
+/// The knob tables: small capped devices so out-of-memory and its retry path are common, and
+/// every setting varied. The only place their values and weights are written.
+pub mod tables {
+    use super::*;
+
+    /// Device capacities.
+    pub const CAPACITIES: &Weighted<u64> =
+        &[(1, 48 * MIB), (1, 96 * MIB), (1, 200 * MIB), (1, 1 << 30)];
+    /// `max_split_size`.
+    pub const MAX_SPLIT_SIZES: &Weighted<u64> =
+        &[(3, u64::MAX), (1, 20 * MIB), (1, 40 * MIB), (1, 64 * MIB)];
+    /// `max_non_split_rounding_size`.
+    pub const MAX_NON_SPLIT_ROUNDING_SIZES: &Weighted<u64> = &[(3, 20 * MIB), (1, 40 * MIB)];
+    /// `garbage_collection_threshold`.
+    pub const GC_THRESHOLDS: &Weighted<f64> = &[(3, 0.0), (1, 0.5), (1, 0.8)];
+    /// `roundup_power2_divisions`.
+    pub const DIVISIONS: &Weighted<[u64; 16]> = &[
+        (3, [0; 16]),
+        (1, [4; 16]),
+        (1, [2; 16]),
+        (1, MIXED_DIVISIONS),
+    ];
+    /// A memory fraction set at the start.
+    pub const MEMORY_FRACTIONS: &Weighted<Option<f64>> =
+        &[(3, None), (1, Some(0.5)), (1, Some(0.8))];
+    /// Thread caches' capacity, for threaded scenarios (the core's scenarios keep 0).
+    pub const THREAD_CACHE_BLOCKS: &Weighted<u32> = &[(1, 0), (1, 1), (1, 2), (2, 8)];
+    /// How many addresses the device's address script holds (mostly none).
+    pub const SCRIPT_LENGTHS: &Weighted<usize> = &[(6, 0), (1, 1), (1, 3)];
+}
+
+impl<'a> Arbitrary<'a> for Knobs {
+    /// Knobs drawn from [`tables`], with no thread caches.
+    fn arbitrary(u: &mut Unstructured<'a>) -> arbitrary::Result<Knobs> {
+        use tables::*;
+        let capacity = weighted(u, CAPACITIES)?;
+        let max_split_size = weighted(u, MAX_SPLIT_SIZES)?;
+        let max_non_split_rounding_size = weighted(u, MAX_NON_SPLIT_ROUNDING_SIZES)?;
+        let garbage_collection_threshold = weighted(u, GC_THRESHOLDS)?;
+        let roundup_power2_divisions = weighted(u, DIVISIONS)?;
+        let memory_fraction = weighted(u, MEMORY_FRACTIONS)?;
+        let script_length = weighted(u, SCRIPT_LENGTHS)?;
+        let mut address_script = Vec::with_capacity(script_length);
+        for _ in 0..script_length {
+            address_script.extend(crate::draw::draw(u, crate::op::NEXT_ADDRESSES)?);
+        }
+        Ok(Knobs {
+            capacity,
+            max_split_size,
+            max_non_split_rounding_size,
+            garbage_collection_threshold,
+            roundup_power2_divisions,
+            memory_fraction,
+            thread_cache_blocks: 0,
+            address_script,
+        })
+    }
+}
+
+/// A scenario: knobs and operations.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    /// The settings and device.
+    pub knobs: Knobs,
+    /// The operations, in order.
+    pub ops: Vec<Op>,
+}
+
+/// A threaded scenario: knobs (with thread caches) and operations on named threads.
+#[derive(Clone, Debug)]
+pub struct ThreadScenario {
+    /// The settings and device, `thread_cache_blocks` included.
+    pub knobs: Knobs,
+    /// The operations, in order.
+    pub ops: Vec<ThreadOp>,
+}
+
+/// Knobs for property tests, drawn as the fuzzer draws them.
+pub fn knobs_strategy() -> impl Strategy<Value = Knobs> {
+    strategy::<Knobs>()
+}
+
+/// Scenarios of `len` operations.
+pub fn scenario_strategy(len: std::ops::RangeInclusive<usize>) -> impl Strategy<Value = Scenario> {
+    (
+        knobs_strategy(),
+        proptest::collection::vec(strategy::<Op>(), len),
+    )
+        .prop_map(|(knobs, ops)| Scenario { knobs, ops })
+}
+
+/// Threaded scenarios of `len` operations, with thread caches of 0 (PyTorch), 1, 2 or 8 blocks.
+pub fn thread_scenario_strategy(
+    len: std::ops::RangeInclusive<usize>,
+) -> impl Strategy<Value = ThreadScenario> {
+    (
+        knobs_strategy(),
+        strategy::<ThreadCacheBlocks>(),
+        proptest::collection::vec(strategy::<ThreadOp>(), len),
+    )
+        .prop_map(|(knobs, blocks, ops)| ThreadScenario {
+            knobs: Knobs {
+                thread_cache_blocks: blocks.0,
+                ..knobs
+            },
+            ops,
+        })
+}
+
+/// A thread cache capacity drawn from [`tables::THREAD_CACHE_BLOCKS`].
+#[derive(Clone, Copy, Debug)]
+pub struct ThreadCacheBlocks(pub u32);
+
+impl<'a> Arbitrary<'a> for ThreadCacheBlocks {
+    fn arbitrary(u: &mut Unstructured<'a>) -> arbitrary::Result<ThreadCacheBlocks> {
+        Ok(ThreadCacheBlocks(weighted(u, tables::THREAD_CACHE_BLOCKS)?))
+    }
+}

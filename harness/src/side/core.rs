@@ -1,0 +1,290 @@
+//! The allocator's policy core (`CachingCore` on the simulated device) as a [`Side`], and the
+//! conversions between the harness's plain numbers and `cachalot`'s types.
+
+use cachalot::sizes::Pool;
+use cachalot::{
+    AdoptedBlock, AdoptedSegment, AdoptedState, BackendError, BlockState, CachingCore, Error,
+    Faults, SegmentInfo, Settings, SimDevice, StreamId,
+};
+
+use super::{
+    Adoption, AdoptionBlock, AdoptionState, BlockKind, BlockView, Call, Observation, Outcome,
+    SegmentView, Side, flatten_stats,
+};
+use crate::scenario::Knobs;
+
+/// The allocator's settings for `knobs`.
+pub fn settings(knobs: &Knobs) -> Settings {
+    let mut s = Settings::pytorch();
+    s.max_split_size = knobs.max_split_size;
+    s.max_non_split_rounding_size = knobs.max_non_split_rounding_size;
+    s.garbage_collection_threshold = knobs.garbage_collection_threshold;
+    s.roundup_power2_divisions = knobs.roundup_power2_divisions;
+    s.per_process_memory_fraction = knobs.memory_fraction;
+    s.thread_cache_blocks = knobs.thread_cache_blocks;
+    s
+}
+
+/// The allocator's simulated device for `knobs`.
+pub fn device(knobs: &Knobs) -> SimDevice {
+    SimDevice::new(knobs.capacity).with_address_script(knobs.address_script.iter().copied())
+}
+
+impl Knobs {
+    /// The knobs of `settings` on a device of `capacity` bytes, or an error naming what the
+    /// knobs cannot express (and so the model cannot be given).
+    pub fn from_settings(settings: &Settings, capacity: u64) -> Result<Knobs, String> {
+        let knobs = Knobs {
+            capacity,
+            max_split_size: settings.max_split_size,
+            max_non_split_rounding_size: settings.max_non_split_rounding_size,
+            garbage_collection_threshold: settings.garbage_collection_threshold,
+            roundup_power2_divisions: settings.roundup_power2_divisions,
+            memory_fraction: settings.per_process_memory_fraction,
+            thread_cache_blocks: settings.thread_cache_blocks,
+            address_script: Vec::new(),
+        };
+        let back = self::settings(&knobs);
+        if back != *settings {
+            return Err(format!(
+                "settings the harness cannot give the model: {settings} (as knobs: {back})"
+            ));
+        }
+        Ok(knobs)
+    }
+}
+
+/// A segment to adopt as the allocator takes it.
+pub fn to_allocator(a: &Adoption) -> AdoptedSegment {
+    AdoptedSegment {
+        address: a.address,
+        size: a.size,
+        stream: StreamId(a.stream),
+        pool: if a.small { Pool::Small } else { Pool::Large },
+        blocks: a
+            .blocks
+            .iter()
+            .map(|b| AdoptedBlock {
+                size: b.size,
+                state: match &b.state {
+                    AdoptionState::Free => AdoptedState::Free,
+                    AdoptionState::Allocated { requested } => AdoptedState::Allocated {
+                        requested: *requested,
+                    },
+                    AdoptionState::Pending { requested, streams } => AdoptedState::Pending {
+                        requested: *requested,
+                        streams: streams.iter().map(|&s| StreamId(s)).collect(),
+                    },
+                },
+            })
+            .collect(),
+    }
+}
+
+/// The allocator's segment to adopt in plain numbers (what a replay program asks for).
+pub fn adoption_from_allocator(s: &AdoptedSegment) -> Adoption {
+    Adoption {
+        address: s.address,
+        size: s.size,
+        stream: s.stream.0,
+        small: s.pool == Pool::Small,
+        blocks: s
+            .blocks
+            .iter()
+            .map(|b| AdoptionBlock {
+                size: b.size,
+                state: match &b.state {
+                    AdoptedState::Free => AdoptionState::Free,
+                    AdoptedState::Allocated { requested } => AdoptionState::Allocated {
+                        requested: *requested,
+                    },
+                    AdoptedState::Pending { requested, streams } => AdoptionState::Pending {
+                        requested: *requested,
+                        streams: streams.iter().map(|s| s.0).collect(),
+                    },
+                },
+            })
+            .collect(),
+    }
+}
+
+/// Whether `e` is a failure the simulated device was told to inject.
+fn injected(e: &Error) -> bool {
+    matches!(e, Error::Backend(BackendError::Injected { .. }))
+}
+
+/// The allocator's result as an [`Outcome`], with `value` giving the number to compare.
+pub(super) fn outcome<T>(r: Result<T, Error>, value: impl Fn(T) -> u64) -> Outcome {
+    match r {
+        Ok(v) => Outcome::Ok(value(v)),
+        Err(Error::OutOfMemory(o)) => Outcome::OutOfMemory {
+            alloc_size: o.alloc_size,
+            capacity: o.capacity,
+            device_free: o.device_free,
+            allowed: o.allowed,
+            allocated: o.allocated,
+            reserved_unallocated: o.reserved_unallocated,
+        },
+        Err(Error::TooLarge { .. }) => Outcome::TooLarge,
+        Err(Error::UnknownPointer { .. }) => Outcome::UnknownPointer,
+        Err(Error::InvalidFraction { .. }) => Outcome::InvalidFraction,
+        Err(Error::InvalidAdoption { .. }) => Outcome::InvalidAdoption,
+        Err(Error::Backend(BackendError::OutOfMemory)) => Outcome::AdoptionOutOfMemory,
+        Err(e) if injected(&e) => Outcome::InjectedFault,
+        Err(e) => Outcome::Other(e.to_string()),
+    }
+}
+
+/// The allocator's layout in the common form.
+pub(super) fn layout(segments: Vec<SegmentInfo>) -> Vec<SegmentView> {
+    segments
+        .into_iter()
+        .map(|s| SegmentView {
+            address: s.address,
+            size: s.size,
+            stream: s.stream.0,
+            small: s.pool == Pool::Small,
+            blocks: s
+                .blocks
+                .iter()
+                .map(|b| {
+                    let kind = match b.state {
+                        BlockState::Free => BlockKind::Free,
+                        BlockState::Allocated => BlockKind::Allocated,
+                        BlockState::Pending => BlockKind::Pending,
+                    };
+                    BlockView {
+                        address: b.address,
+                        size: b.size,
+                        requested: if kind == BlockKind::Free {
+                            0
+                        } else {
+                            b.requested
+                        },
+                        kind,
+                    }
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// A device call the fault harness can make fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, arbitrary::Arbitrary)]
+pub enum FaultKind {
+    /// Device allocation reports out-of-memory.
+    AllocOom,
+    /// Device allocation reports another device error.
+    AllocError,
+    /// Freeing a segment fails (the memory stays allocated).
+    FreeError,
+    /// Recording an event fails.
+    RecordError,
+    /// Querying an event fails.
+    QueryError,
+    /// Waiting for an event fails.
+    SyncError,
+}
+
+/// The allocator's policy core on the simulated device.
+pub struct CoreSide {
+    core: CachingCore<SimDevice>,
+}
+
+impl CoreSide {
+    /// The core configured by `knobs`, which must not ask for thread caches (the core has
+    /// none: they are the front end's).
+    pub fn new(knobs: &Knobs) -> Result<CoreSide, String> {
+        if knobs.thread_cache_blocks != 0 {
+            return Err("the core has no thread caches: drive the front end for those".into());
+        }
+        let core = CachingCore::new(device(knobs), settings(knobs)).map_err(|e| e.to_string())?;
+        Ok(CoreSide { core })
+    }
+
+    /// The next `n` device calls of this kind fail.
+    pub fn inject(&mut self, kind: FaultKind, n: u32) {
+        let mut f = Faults::default();
+        match kind {
+            FaultKind::AllocOom => f.alloc_oom = n,
+            FaultKind::AllocError => f.alloc_error = n,
+            FaultKind::FreeError => f.free_error = n,
+            FaultKind::RecordError => f.record_error = n,
+            FaultKind::QueryError => f.query_error = n,
+            FaultKind::SyncError => f.sync_error = n,
+        }
+        self.core.backend_mut().inject(f);
+    }
+
+    /// Drops every pending fault.
+    pub fn clear_faults(&mut self) {
+        self.core.backend_mut().clear_faults();
+    }
+
+    /// Live allocations the core holds.
+    pub fn live_allocations(&self) -> usize {
+        self.core.live_allocations()
+    }
+
+    /// Events the device holds.
+    pub fn live_events(&self) -> usize {
+        self.core.backend().live_events()
+    }
+
+    /// The device's live ranges `(address, size)` by address.
+    pub fn device_allocations(&self) -> Vec<(u64, u64)> {
+        self.core.backend().allocations().collect()
+    }
+
+    /// Reserved bytes by the core's statistics.
+    pub fn reserved_bytes(&self) -> i64 {
+        self.core.stats().reserved_bytes.all.current
+    }
+}
+
+impl Side for CoreSide {
+    fn name(&self) -> &'static str {
+        "allocator"
+    }
+
+    fn call(&mut self, call: &Call) -> Outcome {
+        let c = &mut self.core;
+        match *call {
+            Call::Malloc { size, stream, .. } => outcome(c.malloc(size, StreamId(stream)), |a| a),
+            Call::Free { address, .. } => outcome(c.free(address), |()| 0),
+            Call::RecordStream {
+                address, stream, ..
+            } => outcome(c.record_stream(address, StreamId(stream)), |()| 0),
+            Call::CompleteStream { stream } => {
+                c.backend_mut().complete_stream(StreamId(stream));
+                Outcome::Ok(0)
+            }
+            Call::EmptyCache { .. } => outcome(c.empty_cache(), |()| 0),
+            Call::SetFraction { fraction, .. } => outcome(c.set_memory_fraction(fraction), |()| 0),
+            Call::FailDeviceAllocs { n } => {
+                c.backend_mut().fail_next_allocs(n);
+                Outcome::Ok(0)
+            }
+            Call::Adopt { ref segment } => outcome(c.adopt_segment(to_allocator(segment)), |()| 0),
+            Call::SetNextAddress { address } => {
+                c.backend_mut().set_next_address(address);
+                Outcome::Ok(0)
+            }
+            // No thread caches: nothing to flush, nothing a thread leaves behind.
+            Call::FlushThread { .. } | Call::RetireThread { .. } => Outcome::Ok(0),
+        }
+    }
+
+    fn observe(&self) -> Result<Observation, String> {
+        Ok(Observation {
+            stats: flatten_stats(self.core.stats())?,
+            layout: layout(self.core.segments()),
+            device_used: self.core.backend().used(),
+            thread_cached_blocks: 0,
+        })
+    }
+
+    fn check_invariants(&self) -> Result<(), String> {
+        self.core.check_invariants().map_err(|e| e.to_string())
+    }
+}
