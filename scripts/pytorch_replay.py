@@ -125,6 +125,7 @@ struct State {
   std::atomic<bool> running{false};
   std::atomic<bool> in_run{false};
   std::atomic<uint64_t> forced{0};
+  std::atomic<uint64_t> forced_outside{0};
   std::thread watchdog;
   bool count = true;  // count requested bytes and ops (first pass)
 };
@@ -320,12 +321,18 @@ void watchdog_loop() {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     uint64_t now = S->progress.load();
     bool any = false;
-    for (int i = 0; i < S->next_slot; ++i) any |= S->slot_active[i].load() != 0;
-    if (now == last && any && S->in_run.load()) {
-      if (++still >= 3) {
-        for (int i = 0; i < S->next_slot; ++i)
-          if (S->slot_active[i].load()) set_flag(i, 1);
-        S->forced.fetch_add(1);
+    for (int i = 0; i < S->next_slot; ++i) any |= S->slot_active[i].load() == 1;
+    // Inside the operations, 0.3 s without progress is PyTorch waiting for an event (its
+    // out-of-memory path); outside them, a device-wide synchronisation from Python (3 s).
+    bool in_run = S->in_run.load();
+    if (now == last && any) {
+      if (++still >= (in_run ? 3 : 30)) {
+        // Released slots are marked 2 until their `c` line (or the end) completes them.
+        for (int i = 0; i < S->next_slot; ++i) {
+          int one = 1;
+          if (S->slot_active[i].compare_exchange_strong(one, 2)) set_flag(i, 1);
+        }
+        (in_run ? S->forced : S->forced_outside).fetch_add(1);
         still = 0;
       }
     } else {
@@ -429,6 +436,7 @@ std::map<std::string, double> counters() {
   out["empty_caches"] = (double)S->empties;
   out["skipped_lines"] = (double)S->skipped;
   out["forced_releases"] = (double)S->forced.load();
+  out["forced_releases_outside_passes"] = (double)S->forced_outside.load();
   out["side_streams_created"] = (double)S->next_slot;
   return out;
 }
@@ -522,7 +530,8 @@ def worker(job, repeat):
         )
     start_ns = ext.run_start()
     first_ns = ext.run_pass(True, False)
-    torch.cuda.synchronize()
+    # No torch.cuda.synchronize() here: a side stream whose free the trace never completed is
+    # still spinning (as PyTorch held that block back at the dump), and would never finish.
     stats = {k: int(v) for k, v in torch.cuda.memory_stats().items()}
     figures = {
         "max_memory_reserved": int(torch.cuda.max_memory_reserved()),
@@ -584,6 +593,7 @@ def worker(job, repeat):
         ),
         "replayer": {k: int(v) for k, v in counters.items()},
         "forced_releases": int(forced),
+        "parallel_replays": int(os.environ.get("CACHALOT_PYTORCH_REPLAY_JOBS", "1")),
         "program_ops": program_ops,
         "trace_lines": lines,
         "start_lines": int(info["start_lines"]),
@@ -635,7 +645,10 @@ def main():
     p.add_argument("--json-out", help="write the figures here (default: stdout)")
     p.add_argument("--batch", help="a JSON list of jobs (see the module's doc)")
     p.add_argument("--out", help="with --batch: the folder for the figures")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds per replay")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds per replay")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="with --batch: replays run at once, each in its own process "
+                   "(more than 1 perturbs the ns/op figures)")
     p.add_argument("--build", action="store_true", help="only compile the extension")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -654,6 +667,7 @@ def main():
     t = time.time()
     ext = build(verbose=False)
     os.environ["CACHALOT_PYTORCH_REPLAY_EXT"] = ext.__file__
+    os.environ["CACHALOT_PYTORCH_REPLAY_JOBS"] = str(a.jobs)
     print(f"extension ready in {time.time() - t:.1f} s: {ext.__file__}", flush=True)
     if a.build:
         return 0
@@ -669,9 +683,18 @@ def main():
         for job in jobs:
             if job.get("snapshot") and not job.get("snapshot_out"):
                 job["snapshot_out"] = os.path.join(a.out, job["name"] + ".pickle")
+
+        def one(job):
             json_out = os.path.join(a.out, job["name"] + ".json")
-            status, secs = spawn(job, a.repeat, json_out, a.timeout)
-            line = {"name": job["name"], "status": status, "seconds": secs}
+            return job, json_out, spawn(job, a.repeat, json_out, a.timeout)
+
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
+            results = list(pool.map(one, jobs))
+        for job, json_out, (status, secs) in results:
+            line = {"name": job["name"], "status": status, "seconds": secs,
+                    "parallel_replays": a.jobs}
             if status == "ok":
                 with open(json_out) as f:
                     r = json.load(f)

@@ -24,26 +24,36 @@ stamp() { echo "== $1 at $(( $(date +%s) - T0 )) s"; }
   date -u +%Y-%m-%dT%H:%M:%SZ
 } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
+JOBS=${JOBS:-4}
+# The recordings run in the background while the extension builds and the fixtures replay
+# (JOBS replays at once): the ns/op figures of this run are indicative, not a benchmark.
+stamp recordings-start
+REC=$WORK/rec
+mkdir -p "$REC"
+(
+  python3 "$HERE/record_user_snapshots.py" --out "$REC" --only resnet50_warm unet_wrapped \
+    --alloc-conf expandable_segments:True > "$REC/user_driver.log" 2>&1 &
+  python3 "$HERE/record_traces.py" --out "$REC" --alloc-conf expandable_segments:True \
+    --timeout 150 > "$REC/traces_driver.log" 2>&1
+  wait
+) &
+REC_PID=$!
 stamp build
 python3 "$HERE/pytorch_replay.py" --build || exit 1
 stamp fixtures
-python3 "$HERE/pytorch_replay.py" --batch "$WORK/pj/jobs.json" --out "$WORK/res/fixtures" --repeat 5
+python3 "$HERE/pytorch_replay.py" --batch "$WORK/pj/jobs.json" --out "$WORK/res/fixtures" \
+  --repeat 5 --jobs "$JOBS" --timeout 90
 tar czf "$OUT/fixtures.tgz" -C "$WORK/res" fixtures
-stamp recordings
-REC=$WORK/rec
-mkdir -p "$REC"
-python3 "$HERE/record_user_snapshots.py" --out "$REC" --only resnet50_warm unet_wrapped \
-  --alloc-conf expandable_segments:True > "$REC/user_driver.log" 2>&1 &
-USER_PID=$!
-python3 "$HERE/record_traces.py" --out "$REC" --alloc-conf expandable_segments:True --timeout 150 \
-  | grep -v '^$'
-wait $USER_PID
+stamp recordings-wait
+wait $REC_PID
+grep -v '^$' "$REC/traces_driver.log" | grep '^==\|entries\|ok,'
 cat "$REC/user_driver.log"
 tar czf "$OUT/recordings.tgz" -C "$WORK" rec
 stamp export
 python3 "$HERE/pytorch_replay_jobs.py" --cachalot "$WORK/bin/cachalot" --out "$WORK/pjx" \
   "$REC"/*.pickle "$REC"/*.pickle.gz
 stamp expandable-replays
-python3 "$HERE/pytorch_replay.py" --batch "$WORK/pjx/jobs.json" --out "$WORK/res/expandable" --repeat 5
+python3 "$HERE/pytorch_replay.py" --batch "$WORK/pjx/jobs.json" --out "$WORK/res/expandable" \
+  --repeat 5 --jobs "$JOBS" --timeout 90
 tar czf "$OUT/expandable_replays.tgz" -C "$WORK" pjx res/expandable
 stamp done
