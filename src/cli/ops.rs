@@ -59,8 +59,9 @@ pub fn render(trace: &Trace, config: &ReplayConfig) -> String {
             s.live_blocks().count(),
             s.live_requested_bytes()
         ),
-        (StartMode::Empty, Ok(_)) => "empty (what the process held before recording is left out)"
-            .to_string(),
+        (StartMode::Empty, Ok(_)) => {
+            "empty (what the process held before recording is left out)".to_string()
+        }
         (StartMode::Exact, Ok(_)) => "exact".to_string(),
     };
     let mut s = String::new();
@@ -68,7 +69,14 @@ pub fn render(trace: &Trace, config: &ReplayConfig) -> String {
     let _ = writeln!(s, "# trace: {}", trace.name());
     let _ = writeln!(s, "# device: {}", trace.device);
     let _ = writeln!(s, "# start: {start}");
-    let _ = writeln!(s, "# recorded_conf: {}", trace.recorded_conf().filter(|c| !c.is_empty()).unwrap_or("-"));
+    let _ = writeln!(
+        s,
+        "# recorded_conf: {}",
+        trace
+            .recorded_conf()
+            .filter(|c| !c.is_empty())
+            .unwrap_or("-")
+    );
     let _ = writeln!(
         s,
         "# recorded_memory_fraction: {}",
@@ -81,7 +89,11 @@ pub fn render(trace: &Trace, config: &ReplayConfig) -> String {
     let _ = writeln!(s, "# program_ops: {}", program.ops.len());
     let _ = writeln!(s, "# start_allocs: {}", count_allocs(&start_lines));
     let _ = writeln!(s, "# allocs: {}", count_allocs(&trace_lines));
-    for line in start_lines.iter().chain(["s".to_string()].iter()).chain(&trace_lines) {
+    for line in start_lines
+        .iter()
+        .chain(["s".to_string()].iter())
+        .chain(&trace_lines)
+    {
         s.push_str(line);
         s.push('\n');
     }
@@ -91,7 +103,10 @@ pub fn render(trace: &Trace, config: &ReplayConfig) -> String {
 /// Writes [`render`]'s text to `path`.
 pub fn write(path: &Path, trace: &Trace, config: &ReplayConfig) -> Result<(), CliError> {
     let fail = |e: &dyn std::fmt::Display| {
-        CliError::run(format!("{}: cannot write the operations: {e}", path.display()))
+        CliError::run(format!(
+            "{}: cannot write the operations: {e}",
+            path.display()
+        ))
     };
     let mut file = std::fs::File::create(path).map_err(|e| fail(&e))?;
     file.write_all(render(trace, config).as_bytes())

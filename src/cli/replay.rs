@@ -37,7 +37,11 @@ pub fn run(args: &ReplayArgs) -> Result<(), CliError> {
         start: StartMode::Exact,
     };
     let mid_run = trace.start.as_ref().is_ok_and(|s| !s.is_fresh());
-    let start = match (start_mode(&trace, &config.settings), args.backend, args.start) {
+    let start = match (
+        start_mode(&trace, &config.settings),
+        args.backend,
+        args.start,
+    ) {
         // Nothing was held (or the start is unknown): --start changes nothing.
         (mode, _, _) if !mid_run => mode,
         (_, _, StartArg::Empty) => StartMode::Empty,
