@@ -46,6 +46,7 @@ def main():
     rows, runs_out = [], []
     for manifest_path, runs_dir in a.set:
         manifest, runs = load_set(manifest_path, runs_dir)
+        entries = {m["name"]: m for m in manifest}
         for m in manifest:
             name = m["name"]
             alias = None
@@ -54,6 +55,9 @@ def main():
                 alias = "traces__" + name[len("derived__"):].split(".proto")[0]
             src = alias or name
             rec = m.get("recorded") or {}
+            # cachalot reads no sidecar beside a derived fixture (no memory fraction): its
+            # figures for the same operations are those of the trace it was derived from.
+            cm = entries[alias] if alias in entries else m
             row = {
                 "trace": name,
                 "snapshot": m["snapshot"],
@@ -66,10 +70,10 @@ def main():
                 "recorded_max_memory_reserved": rec.get("max_memory_reserved"),
                 "recorded_max_memory_allocated": rec.get("max_memory_allocated"),
                 "recorded_from_process_start": rec.get("recorded_from_process_start"),
-                "cachalot_settings": m.get("cachalot_settings"),
-                "cachalot_peak_reserved": m["cachalot"].get("peak_reserved_bytes"),
-                "cachalot_peak_allocated": m["cachalot"].get("peak_allocated_bytes"),
-                "peak_requested": m["cachalot"].get("peak_requested_bytes"),
+                "cachalot_settings": cm.get("cachalot_settings"),
+                "cachalot_peak_reserved": cm["cachalot"].get("peak_reserved_bytes"),
+                "cachalot_peak_allocated": cm["cachalot"].get("peak_allocated_bytes"),
+                "peak_requested": cm["cachalot"].get("peak_requested_bytes"),
             }
             for c in CONFIGS:
                 r = runs.get((src, c))
