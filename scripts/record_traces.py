@@ -22,7 +22,14 @@ worker's output. A failing workload is reported and the others still run.
 
 Usage:
   python3 scripts/record_traces.py --out DIR [--only NAME ...] [--timeout S]
+                                   [--alloc-conf CONF [--suffix SUFFIX]]
   python3 scripts/record_traces.py --list
+
+--alloc-conf CONF adds CONF to every workload's PYTORCH_CUDA_ALLOC_CONF (after the
+workload's own settings, comma-separated), and its outputs are named NAME + SUFFIX
+(default suffix with --alloc-conf: "_expandable" when CONF is expandable_segments:True,
+else "_conf"). The fixtures under tests/fixtures/expandable/ were recorded with
+--alloc-conf expandable_segments:True.
 
 Needs a CUDA GPU, PyTorch 2.x, torchvision and transformers. Nothing is
 downloaded: every model is built from a config with random weights.
@@ -306,7 +313,7 @@ def w_fraction_oom_retry(torch):
 # ---------------------------------------------------------------- worker
 
 
-def run_worker(name, out_dir):
+def run_worker(name, out_dir, suffix=""):
     import torch
 
     # Start recording before anything touches CUDA memory.
@@ -347,7 +354,9 @@ def run_worker(name, out_dir):
         "details": {k: v for k, v in result.items() if k not in ("keep", "memory_fraction")},
     }
 
-    pickle_path = os.path.join(out_dir, name + ".pickle")
+    if suffix:
+        figures["output_name"] = name + suffix
+    pickle_path = os.path.join(out_dir, name + suffix + ".pickle")
     torch.cuda.memory._dump_snapshot(pickle_path)
 
     with open(pickle_path, "rb") as f:
@@ -365,11 +374,11 @@ def run_worker(name, out_dir):
     figures["snapshot_keys"] = sorted(snap.keys())
     figures["pickle_bytes"] = os.path.getsize(pickle_path)
 
-    with open(os.path.join(out_dir, name + ".json"), "w") as f:
+    with open(os.path.join(out_dir, name + suffix + ".json"), "w") as f:
         json.dump(figures, f, indent=1, sort_keys=True)
         f.write("\n")
     print(
-        f"{name}: {sum(per_device)} trace entries, peak reserved "
+        f"{name + suffix}: {sum(per_device)} trace entries, peak reserved "
         f"{figures['max_memory_reserved']}, peak allocated {figures['max_memory_allocated']}, "
         f"{figures['pickle_bytes']} pickle bytes, {elapsed:.2f} s"
     )
@@ -384,8 +393,21 @@ def main():
     parser.add_argument("--only", nargs="*", help="workload names (default: all)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per workload")
     parser.add_argument("--list", action="store_true", help="list the workloads")
+    parser.add_argument(
+        "--alloc-conf",
+        help="added to every workload's PYTORCH_CUDA_ALLOC_CONF (e.g. expandable_segments:True)",
+    )
+    parser.add_argument("--suffix", help="appended to output names (default: see --help)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    suffix = args.suffix
+    if suffix is None:
+        if not args.alloc_conf:
+            suffix = ""
+        elif args.alloc_conf.replace(" ", "") == "expandable_segments:True":
+            suffix = "_expandable"
+        else:
+            suffix = "_conf"
 
     if args.list:
         for name, (conf, desc) in WORKLOADS.items():
@@ -396,7 +418,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
 
     if args.worker:
-        run_worker(args.worker, args.out)
+        run_worker(args.worker, args.out, suffix)
         return 0
 
     names = args.only or list(WORKLOADS)
@@ -409,15 +431,18 @@ def main():
         conf, _ = WORKLOADS[name]
         env = dict(os.environ)
         env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        conf = ",".join(c for c in (conf, args.alloc_conf) if c) or None
         if conf:
             env["PYTORCH_CUDA_ALLOC_CONF"] = conf
         env["PYTHONUNBUFFERED"] = "1"
-        log_path = os.path.join(args.out, name + ".log")
+        out_name = name + suffix
+        log_path = os.path.join(args.out, out_name + ".log")
         started = time.time()
         try:
             with open(log_path, "w") as log:
                 proc = subprocess.run(
-                    [sys.executable, os.path.abspath(__file__), "--worker", name, "--out", args.out],
+                    [sys.executable, os.path.abspath(__file__), "--worker", name, "--out", args.out,
+                     "--suffix", suffix],
                     env=env,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -428,14 +453,14 @@ def main():
             status = f"failed: timed out after {args.timeout} s"
         except Exception:  # keep going with the other workloads
             status = "failed: " + traceback.format_exc(limit=1).strip().splitlines()[-1]
-        index[name] = {
+        index[out_name] = {
             "status": status,
             "pytorch_cuda_alloc_conf": conf,
             "seconds": round(time.time() - started, 2),
         }
         with open(log_path) as log:
             tail = log.read()[-2000:]
-        print(f"== {name}: {status} ({index[name]['seconds']} s)\n{tail}", flush=True)
+        print(f"== {out_name}: {status} ({index[out_name]['seconds']} s)\n{tail}", flush=True)
 
     with open(os.path.join(args.out, "index.json"), "w") as f:
         json.dump(index, f, indent=1)

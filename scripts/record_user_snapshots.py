@@ -17,6 +17,7 @@ GPUs. Each workload here runs in a fresh Python process and writes into --out:
 
 Usage:
   python3 scripts/record_user_snapshots.py --out DIR [--only NAME ...]
+                                           [--alloc-conf CONF [--suffix SUFFIX]]
   python3 scripts/record_user_snapshots.py --list
 
 Needs a CUDA GPU (two for `two_devices`), PyTorch 2.x, torchvision and transformers.
@@ -237,7 +238,7 @@ def w_gpt2_generate_large(torch, ctx):
     return (model, seq)
 
 
-def run_worker(name, out_dir):
+def run_worker(name, out_dir, suffix=""):
     import torch
 
     ctx = {}
@@ -260,7 +261,9 @@ def run_worker(name, out_dir):
         "devices": figures(torch),
     }
     fig.update(ctx)
-    raw = os.path.join(out_dir, name + ".pickle")
+    if suffix:
+        fig["output_name"] = name + suffix
+    raw = os.path.join(out_dir, name + suffix + ".pickle")
     t = time.time()
     torch.cuda.memory._dump_snapshot(raw)
     fig["dump_seconds"] = round(time.time() - t, 3)
@@ -285,7 +288,7 @@ def run_worker(name, out_dir):
     with open(raw, "rb") as src, gzip.open(raw + ".gz", "wb", compresslevel=9) as dst:
         shutil.copyfileobj(src, dst)
     os.remove(raw)
-    with open(os.path.join(out_dir, name + ".json"), "w") as f:
+    with open(os.path.join(out_dir, name + suffix + ".json"), "w") as f:
         json.dump(fig, f, indent=1, sort_keys=True)
         f.write("\n")
     print(
@@ -302,8 +305,22 @@ def main():
     p.add_argument("--only", nargs="*")
     p.add_argument("--timeout", type=float, default=400.0)
     p.add_argument("--list", action="store_true")
+    p.add_argument(
+        "--alloc-conf",
+        help="PYTORCH_CUDA_ALLOC_CONF for every workload (e.g. expandable_segments:True)",
+    )
+    p.add_argument("--suffix", help="appended to output names (default with --alloc-conf: "
+                   "_expandable for expandable_segments:True, else _conf)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     a = p.parse_args()
+    suffix = a.suffix
+    if suffix is None:
+        if not a.alloc_conf:
+            suffix = ""
+        elif a.alloc_conf.replace(" ", "") == "expandable_segments:True":
+            suffix = "_expandable"
+        else:
+            suffix = "_conf"
     if a.list:
         for k, v in WORKLOADS.items():
             print(f"{k:22} {v}")
@@ -312,15 +329,18 @@ def main():
         p.error("--out is required")
     os.makedirs(a.out, exist_ok=True)
     if a.worker:
-        run_worker(a.worker, a.out)
+        run_worker(a.worker, a.out, suffix)
         return 0
     names = a.only or list(WORKLOADS)
+    env = dict(os.environ)
+    if a.alloc_conf:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = a.alloc_conf
     procs = {}
     for n in names:
-        log = open(os.path.join(a.out, n + ".log"), "w")
+        log = open(os.path.join(a.out, n + suffix + ".log"), "w")
         procs[n] = subprocess.Popen(
-            [sys.executable, __file__, "--out", a.out, "--worker", n],
-            stdout=log, stderr=subprocess.STDOUT,
+            [sys.executable, __file__, "--out", a.out, "--worker", n, "--suffix", suffix],
+            stdout=log, stderr=subprocess.STDOUT, env=env,
         )
     failed = 0
     for n, pr in procs.items():

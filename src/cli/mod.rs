@@ -9,6 +9,7 @@
 mod compare;
 mod cuda;
 mod input;
+mod ops;
 mod plot;
 mod replay;
 mod units;
@@ -56,6 +57,20 @@ impl BackendKind {
     }
 }
 
+/// What a replay of a trace recorded mid-run starts from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum StartArg {
+    /// PyTorch's state when recording began, block for block, when the settings are the
+    /// recorded ones; the tensors live then, placed by the replayed policy, when they are not.
+    #[default]
+    Auto,
+    /// The tensors live when recording began, allocated in address order before the trace
+    /// (the form `--ops-out` writes for a mid-run recording).
+    LiveTensors,
+    /// An empty allocator (the trace's frees of earlier blocks do nothing).
+    Empty,
+}
+
 /// `cachalot replay`.
 #[derive(Debug, clap::Args)]
 pub struct ReplayArgs {
@@ -99,6 +114,16 @@ pub struct ReplayArgs {
     /// The CUDA device to replay on with --backend cuda.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub gpu: usize,
+    /// What the replay of a trace recorded mid-run starts from.
+    #[arg(long, value_enum, default_value_t = StartArg::Auto)]
+    pub start: StartArg,
+    /// Write the program the replay runs, one operation a line (`a ID SIZE STREAM`, `f ID`,
+    /// `r ID SIDE`, `c SIDE`, `e`, `s`; format in src/cli/ops.rs), for replaying the same
+    /// operations through another allocator (scripts/pytorch_replay.py). A trace recorded
+    /// mid-run needs `--start live-tensors`: PyTorch's cached layout is no sequence of
+    /// operations.
+    #[arg(long, value_name = "FILE")]
+    pub ops_out: Option<PathBuf>,
 }
 
 /// `cachalot compare`.

@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use super::input::{self, Trace};
 use super::units::{grouped, human};
-use super::{BackendKind, CliError, ReplayArgs, cuda, plot};
+use super::{BackendKind, CliError, ReplayArgs, StartArg, cuda, ops, plot};
 
 /// Replays with at least this many operations in all (passes included) show a progress bar.
 const PROGRESS_MIN_OPS: usize = 250_000;
@@ -37,13 +37,25 @@ pub fn run(args: &ReplayArgs) -> Result<(), CliError> {
         start: StartMode::Exact,
     };
     let mid_run = trace.start.as_ref().is_ok_and(|s| !s.is_fresh());
-    let start = match (start_mode(&trace, &config.settings), args.backend) {
+    let start = match (
+        start_mode(&trace, &config.settings),
+        args.backend,
+        args.start,
+    ) {
+        // Nothing was held (or the start is unknown): --start changes nothing.
+        (mode, _, _) if !mid_run => mode,
+        (_, _, StartArg::Empty) => StartMode::Empty,
+        (_, _, StartArg::LiveTensors) => StartMode::LiveTensors,
         // A GPU cannot adopt memory it never handed out: there a mid-run start replays from
         // the tensors live then, allocated for real.
-        (StartMode::Exact, BackendKind::Cuda) if mid_run => StartMode::LiveTensors,
-        (mode, _) => mode,
+        (StartMode::Exact, BackendKind::Cuda, StartArg::Auto) => StartMode::LiveTensors,
+        (mode, _, StartArg::Auto) => mode,
     };
     let config = ReplayConfig { start, ..config };
+    if let Some(path) = &args.ops_out {
+        ops::check_exportable(&trace, config.start)?;
+        ops::write(path, &trace, &config)?;
+    }
     let run = execute(&trace, &config, args.backend, args.gpu)?;
     let report = Report::new(&trace, &config, &run);
     if let Some(path) = &args.plot {

@@ -138,8 +138,8 @@ pub struct ReplayReport {
     pub live_at_end: usize,
     /// `oom` entries replayed as allocations that fail again.
     pub failed_allocs: usize,
-    /// Entries with no replay meaning (`oom`, `snapshot`, `segment_map`, `segment_unmap`,
-    /// `user_defined`, unknown actions).
+    /// Entries with no replay meaning (`snapshot`, `segment_map`, `user_defined`, unknown
+    /// actions).
     pub ignored_entries: usize,
 }
 
@@ -158,7 +158,8 @@ const SMALL_REQUEST: u64 = 1 << 20;
 ///   is dropped; allocations never freed stay live. `free_requested` becomes `FreeRequested`
 ///   and `free_completed` becomes `FreeCompleted`, both always emitted (see [`ReplayOp`]).
 /// - Every `segment_alloc` address goes to [`ReplayProgram::segment_addresses`].
-/// - A run of consecutive `segment_free` entries is one release of the cache. PyTorch releases
+/// - A run of consecutive `segment_free` entries (and `segment_unmap`, an expandable segment's
+///   pages given back) is one release of the cache. PyTorch releases
 ///   its cache in two situations: when the program calls `empty_cache()`, and inside an
 ///   allocation that found no cached block and whose device allocation failed (the device or
 ///   the memory fraction is full: it then frees cached segments and retries). The first kind
@@ -320,9 +321,17 @@ pub fn replay_ops_from(
                 next_id += 1;
                 report.failed_allocs += 1;
             }
-            Action::SegmentFree => {
+            Action::SegmentFree | Action::SegmentUnmap => {
+                // Under expandable segments the cache's release unmaps pages instead of
+                // freeing segments (`segment_unmap`), mixed with `segment_free`s of the
+                // segments that are not expandable.
                 let mut end = i;
-                while end < n && entries[end].action == Action::SegmentFree {
+                while end < n
+                    && matches!(
+                        entries[end].action,
+                        Action::SegmentFree | Action::SegmentUnmap
+                    )
+                {
                     end += 1;
                 }
                 let before_oom = entries.get(end).is_some_and(|e| e.action == Action::Oom);
