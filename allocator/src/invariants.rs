@@ -60,7 +60,17 @@ pub(crate) fn check<B: Backend>(core: &CachingCore<B>) -> Result<(), String> {
         let mut cur = Some(head);
         let mut prev: Option<BlockId> = None;
         let mut prev_free = false;
+        let mut prev_unmapped = false;
+        let mut mapped_bytes = 0u64;
         let split = hb.next.is_some();
+        let range = hb.range.map(|base| (base, parts.ranges.get(&base)));
+        if let Some((base, r)) = range {
+            if r.is_none() || base != hb.address {
+                return Err(format!(
+                    "range {base:#x}: not a range, or its head is elsewhere"
+                ));
+            }
+        }
         while let Some(id) = cur {
             let b = blocks.get(id);
             seen += 1;
@@ -82,7 +92,7 @@ pub(crate) fn check<B: Backend>(core: &CachingCore<B>) -> Result<(), String> {
                     b.address, b.size
                 ));
             }
-            if b.pool != hb.pool || b.stream != hb.stream {
+            if b.pool != hb.pool || b.stream != hb.stream || b.range != hb.range {
                 return Err(format!(
                     "block {:#x}: pool or stream differs from its segment",
                     b.address
@@ -90,6 +100,43 @@ pub(crate) fn check<B: Backend>(core: &CachingCore<B>) -> Result<(), String> {
             }
             let in_free = parts.free[p].contains(&(b.stream, b.size, b.address, id));
             let in_live = parts.live.get(&b.address) == Some(&id);
+            let in_unmapped = parts.unmapped[p].contains(&(b.stream, b.address, id));
+            if !b.mapped {
+                // Rule 19: an unmapped block is free, page-aligned at both ends, in the
+                // unmapped set only, and never next to another unmapped block.
+                let Some((base, Some(r))) = range else {
+                    return Err(format!("block {:#x}: unmapped outside a range", b.address));
+                };
+                if b.state != BlockState::Free || in_free || in_live || !in_unmapped {
+                    return Err(format!(
+                        "unmapped block {:#x}: state or index wrong",
+                        b.address
+                    ));
+                }
+                if !(b.address - base).is_multiple_of(r.page) || !b.size.is_multiple_of(r.page) {
+                    return Err(format!("unmapped block {:#x}: not page-aligned", b.address));
+                }
+                if prev_unmapped {
+                    return Err(format!(
+                        "unmapped block {:#x}: unmerged unmapped neighbour",
+                        b.address
+                    ));
+                }
+                prev_unmapped = true;
+                prev_free = false;
+                end = b.address + b.size;
+                prev = Some(id);
+                cur = b.next;
+                continue;
+            }
+            if in_unmapped {
+                return Err(format!(
+                    "mapped block {:#x}: in the unmapped set",
+                    b.address
+                ));
+            }
+            mapped_bytes += b.size;
+            prev_unmapped = false;
             match b.state {
                 BlockState::Free => {
                     if !in_free || in_live {
@@ -104,7 +151,7 @@ pub(crate) fn check<B: Backend>(core: &CachingCore<B>) -> Result<(), String> {
                             b.address
                         ));
                     }
-                    if split {
+                    if split && range.is_none() {
                         t.inactive_split[p] += 1;
                         t.inactive_split_bytes[p] += b.size as i64;
                     }
@@ -149,6 +196,17 @@ pub(crate) fn check<B: Backend>(core: &CachingCore<B>) -> Result<(), String> {
             cur = b.next;
         }
         let size = end - start;
+        if let Some((_, Some(r))) = range {
+            if size != r.size {
+                return Err(format!(
+                    "range {start:#x}: blocks cover {size} of {} bytes",
+                    r.size
+                ));
+            }
+            t.reserved[p] += mapped_bytes as i64;
+            segments.push((start, size));
+            continue;
+        }
         if hb.pool == Pool::Small && size != SMALL_BUFFER {
             return Err(format!("small segment {start:#x} is {size} bytes"));
         }
@@ -171,10 +229,25 @@ pub(crate) fn check<B: Backend>(core: &CachingCore<B>) -> Result<(), String> {
     if parts.free[0].len() + parts.free[1].len()
         != blocks
             .iter()
-            .filter(|(_, b)| b.state == BlockState::Free)
+            .filter(|(_, b)| b.state == BlockState::Free && b.mapped)
             .count()
     {
         return Err("free sets hold blocks that are not free".into());
+    }
+    if parts.unmapped[0].len() + parts.unmapped[1].len()
+        != blocks.iter().filter(|(_, b)| !b.mapped).count()
+    {
+        return Err("unmapped sets hold blocks that are not unmapped".into());
+    }
+    let heads = blocks
+        .iter()
+        .filter(|(_, b)| b.prev.is_none() && b.range.is_some())
+        .count();
+    if heads != parts.ranges.len() {
+        return Err(format!(
+            "{} ranges, {heads} tiled by blocks",
+            parts.ranges.len()
+        ));
     }
     segments.sort_unstable();
     for w in segments.windows(2) {
