@@ -64,7 +64,10 @@ impl<B: Backend> CachingCore<B> {
         }
         let mut start = match self.grow_start(pool, stream, rounded) {
             Some(id) => id,
-            None => self.new_range(pool, stream)?,
+            None => match self.new_range(pool, stream)? {
+                Some(id) => id,
+                None => return Ok(None),
+            },
         };
         if !self.blocks.get(start).mapped {
             let n = self.blocks.get(start).size.min(rounded);
@@ -118,11 +121,15 @@ impl<B: Backend> CachingCore<B> {
         None
     }
 
-    /// Rule 19b: reserve a new range for the pool and stream: one unmapped block.
-    fn new_range(&mut self, pool: Pool, stream: StreamId) -> Result<BlockId, Error> {
+    /// Rule 19b: reserve a new range for the pool and stream: one unmapped block (`None` on a
+    /// device with no memory at all, where the range would be empty).
+    fn new_range(&mut self, pool: Pool, stream: StreamId) -> Result<Option<BlockId>, Error> {
         let page = page_size(pool);
         let capacity = self.backend.mem_info()?.total;
         let size = range_size(capacity, page);
+        if size == 0 {
+            return Ok(None);
+        }
         let base = self.backend.reserve(size, page)?;
         self.ranges.insert(base, Range { size, page });
         let id = self.blocks.insert(Block {
@@ -141,7 +148,7 @@ impl<B: Backend> CachingCore<B> {
             range: Some(base),
         });
         self.unmapped[pool.index()].insert((stream, base, id));
-        Ok(id)
+        Ok(Some(id))
     }
 
     /// Rule 19b: one map step — back the first `n` bytes of the unmapped block `id`, rounded up
