@@ -31,7 +31,8 @@ impl Model {
 
     /// Rule 9: wait for every outstanding event (streams ascending, each stream's events in
     /// recorded order), then give every free whole segment back to the device, large pool
-    /// then small pool, in free-set order.
+    /// then small pool, in free-set order; in each pool, after its segments, unmap the whole
+    /// pages of its free range blocks (rule 19e).
     pub(crate) fn release_cached_segments(&mut self) {
         self.stats.num_sync_all_streams += 1;
         for stream in self.streams_with_events() {
@@ -47,6 +48,8 @@ impl Model {
                     self.release_segment(entry.address);
                 }
             }
+            // Rule 19e.
+            self.unmap_free_range_blocks(pool);
         }
     }
 
