@@ -17,6 +17,10 @@ use crate::rules::{self, MIN_BLOCK_SIZE, Pool};
 use crate::state::{self, Block, BlockState, FreeEntry, Segment};
 use crate::{Model, ModelSegment};
 
+/// A range as the invariant checker compares it with the device: base, size, and the mapped
+/// runs as `(address, bytes)`.
+type RangeShape = (u64, u64, Vec<(u64, u64)>);
+
 /// Rule 19: the page of a small-pool range (2 MiB).
 pub(crate) const SMALL_PAGE: u64 = 2 << 20;
 /// Rule 19: the page of a large-pool range (20 MiB).
@@ -414,14 +418,14 @@ impl Model {
     /// mapped blocks mapped; the device's used bytes are the mapped bytes plus the classic
     /// segments' bytes.
     pub(crate) fn check_device_ranges(&self) -> Result<(), String> {
-        let mut reservations: Vec<(u64, u64, Vec<(u64, u64)>)> = self
+        let mut reservations: Vec<RangeShape> = self
             .device
             .reservations()
             .iter()
             .map(|r| (r.base, r.size, r.mapped_runs()))
             .collect();
         reservations.sort_unstable();
-        let mut ranges = Vec::new();
+        let mut ranges: Vec<RangeShape> = Vec::new();
         for range in self.segments.iter().filter(|s| s.expandable) {
             let runs: Vec<(u64, u64)> = Model::range_view(range)
                 .iter()
