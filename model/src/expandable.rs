@@ -63,11 +63,6 @@ pub(crate) fn walk_by_reach(free: &[FreeEntry], index: usize) -> usize {
 }
 
 impl Model {
-    /// Rule 19a, for rule 6: the index of the final candidate, starting from `index`.
-    pub(crate) fn walk_by_reach(&self, free: &[FreeEntry], index: usize) -> usize {
-        walk_by_reach(free, index)
-    }
-
     /// Rule 13, or rule 19c under expandable segments: whether a found block of `block_size`
     /// bytes is split to serve a request rounded to `rounded` bytes.
     pub(crate) fn splits(&self, pool: Pool, block_size: u64, rounded: u64) -> bool {

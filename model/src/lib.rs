@@ -293,5 +293,8 @@ mod tests {
         assert_eq!(layout[0].blocks[1].requested, 0);
         assert_eq!(layout[1].blocks[0].address, b);
         assert!(layout[1].small);
+        // Expandable segments are off by default (rule 19).
+        assert!(!model.config().expandable_segments);
+        assert!(layout.iter().all(|s| !s.expandable));
     }
 }

@@ -5,6 +5,7 @@
 //! Every sub-step that changes what the statistics measure ends with `settle_stats`, which
 //! recomputes the statistics from the state and records the difference.
 
+use crate::expandable;
 use crate::rules::{self, Pool};
 use crate::state::{self, Block, BlockState, Event, Segment};
 use crate::stats::Gauges;
@@ -102,7 +103,7 @@ impl Model {
             return None;
         }
         // Rule 19a: a block of a range may give way to one of smaller reach.
-        let best = &free[self.walk_by_reach(&free, index)];
+        let best = &free[expandable::walk_by_reach(&free, index)];
         let max_split = self.config.max_split_size;
         // A request below max_split_size does not take an oversize block.
         if rounded < max_split && best.size >= max_split {

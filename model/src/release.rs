@@ -6,6 +6,10 @@
 //! `max_split_size > 20 MiB` (the only values it accepts); for smaller values the model treats
 //! such a block in rule 11 as PyTorch treats a block it cannot release there (an expandable
 //! segment's): it is passed over and counts nothing.
+//!
+//! Rule 19f: blocks of ranges are never whole segments, so rules 11 and 12 pass them over the
+//! same way. (PyTorch 2.x's `release_available_cached_blocks` does not check: should it pick
+//! a free range block, `release_block` fails its `!block->expandable_segment_` assertion.)
 
 use crate::Model;
 use crate::rules::Pool;
