@@ -37,6 +37,10 @@ impl Model {
     /// One segment: its size fits its pool; its blocks tile it exactly, are multiples of
     /// 512 B, never two free side by side, and each state's fields are consistent.
     fn check_segment(&self, segment: &Segment) -> Result<(), String> {
+        // Rule 19: a range has invariants of its own.
+        if segment.expandable {
+            return self.check_range(segment);
+        }
         let name = format!("segment {:#x}", segment.address);
         match segment.pool {
             Pool::Small if segment.size != SMALL_BUFFER => {
@@ -162,6 +166,7 @@ impl Model {
             .segments
             .iter()
             .flat_map(|seg| seg.blocks.iter())
+            .filter(|b| b.mapped)
             .map(|b| b.size)
             .sum();
         if s.reserved_bytes.all.current != block_bytes as i64 {
@@ -184,13 +189,19 @@ impl Model {
         }
         let mut live = self.device.live().to_vec();
         live.sort_unstable();
-        let segments: Vec<(u64, u64)> = self.segments.iter().map(|s| (s.address, s.size)).collect();
+        let segments: Vec<(u64, u64)> = self
+            .segments
+            .iter()
+            .filter(|s| !s.expandable)
+            .map(|s| (s.address, s.size))
+            .collect();
         if live != segments {
             return Err(format!(
                 "device allocations {live:x?} differ from segments {segments:x?}"
             ));
         }
-        Ok(())
+        // Rule 19: reservations and mapped bytes.
+        self.check_device_ranges()
     }
 }
 
