@@ -92,9 +92,9 @@ pub fn from_model<T>(r: Result<T, ModelError>, value: impl Fn(T) -> u64) -> Outc
     }
 }
 
-/// A segment as both sides report it: address, size, stream, small pool, and blocks as
-/// `(address, size, requested, state)` with state 0 free, 1 allocated, 2 pending.
-pub type Layout = Vec<(u64, u64, u64, bool, Vec<(u64, u64, u64, u8)>)>;
+/// A segment as both sides report it: address, size, stream, (small pool, expandable), and
+/// blocks as `(address, size, requested, state)` with state 0 free, 1 allocated, 2 pending.
+pub type Layout = Vec<(u64, u64, u64, (bool, bool), Vec<(u64, u64, u64, u8)>)>;
 
 /// The allocator's layout in the common form.
 pub fn allocator_layout(core: &CachingCore<SimDevice>) -> Layout {
@@ -117,7 +117,7 @@ pub fn allocator_layout(core: &CachingCore<SimDevice>) -> Layout {
                 s.address,
                 s.size,
                 s.stream.0,
-                s.pool == cachalot::sizes::Pool::Small,
+                (s.pool == cachalot::sizes::Pool::Small, s.expandable),
                 blocks,
             )
         })
@@ -142,7 +142,7 @@ pub fn model_layout(model: &Model) -> Layout {
                     (b.address, b.size, if st == 0 { 0 } else { b.requested }, st)
                 })
                 .collect();
-            (s.address, s.size, s.stream, s.small, blocks)
+            (s.address, s.size, s.stream, (s.small, s.expandable), blocks)
         })
         .collect()
 }

@@ -26,6 +26,8 @@ pub struct Knobs {
     pub roundup_power2_divisions: [u64; 16],
     /// A memory fraction set at the start.
     pub memory_fraction: Option<f64>,
+    /// `expandable_segments` (rule 19).
+    pub expandable_segments: bool,
 }
 
 impl Knobs {
@@ -38,6 +40,7 @@ impl Knobs {
             garbage_collection_threshold: 0.0,
             roundup_power2_divisions: [0; 16],
             memory_fraction: None,
+            expandable_segments: false,
         }
     }
 
@@ -49,6 +52,7 @@ impl Knobs {
         s.garbage_collection_threshold = self.garbage_collection_threshold;
         s.roundup_power2_divisions = self.roundup_power2_divisions;
         s.per_process_memory_fraction = self.memory_fraction;
+        s.expandable_segments = self.expandable_segments;
         s
     }
 
@@ -61,6 +65,7 @@ impl Knobs {
         c.roundup_power2_divisions = self.roundup_power2_divisions;
         c.memory_fraction = self.memory_fraction;
         c.address_script = address_script;
+        c.expandable_segments = self.expandable_segments;
         c
     }
 }
@@ -86,14 +91,16 @@ pub fn knobs_strategy() -> impl Strategy<Value = Knobs> {
         prop_oneof![3 => Just(0.0), 1 => Just(0.5), 1 => Just(0.8)],
         divisions,
         prop_oneof![3 => Just(None), 1 => Just(Some(0.5)), 1 => Just(Some(0.8))],
+        prop_oneof![2 => Just(false), 1 => Just(true)],
     )
-        .prop_map(|(capacity, max_split_size, max_non_split_rounding_size, gc, roundup_power2_divisions, memory_fraction)| Knobs {
+        .prop_map(|(capacity, max_split_size, max_non_split_rounding_size, gc, roundup_power2_divisions, memory_fraction, expandable_segments)| Knobs {
             capacity,
             max_split_size,
             max_non_split_rounding_size,
             garbage_collection_threshold: gc,
             roundup_power2_divisions,
             memory_fraction,
+            expandable_segments,
         })
 }
 
@@ -118,6 +125,7 @@ impl<'a> arbitrary::Arbitrary<'a> for Knobs {
             }
         };
         let memory_fraction = *u.choose(&[None, None, None, Some(0.5), Some(0.8)])?;
+        let expandable_segments = u.ratio(1u8, 3u8)?;
         Ok(Knobs {
             capacity,
             max_split_size,
@@ -125,6 +133,7 @@ impl<'a> arbitrary::Arbitrary<'a> for Knobs {
             garbage_collection_threshold,
             roundup_power2_divisions,
             memory_fraction,
+            expandable_segments,
         })
     }
 }
