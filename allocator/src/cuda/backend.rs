@@ -468,6 +468,9 @@ struct Vmm {
     mapped: u64,
 }
 
+/// A mapped page: its address and the `cuMemCreate` handle behind it.
+type Page = (u64, sys::CUmemGenericAllocationHandle);
+
 /// One `cuMemAddressReserve` range and its mapped pages.
 #[derive(Debug)]
 struct Reservation {
@@ -492,11 +495,7 @@ impl Vmm {
 
     /// For `size` bytes at `address` that are whole pages of a reservation: its first
     /// address, its page, and the pages of the span that are mapped, with their handles.
-    fn pages_of(
-        &self,
-        address: u64,
-        size: u64,
-    ) -> Option<(u64, u64, Vec<(u64, sys::CUmemGenericAllocationHandle)>)> {
+    fn pages_of(&self, address: u64, size: u64) -> Option<(u64, u64, Vec<Page>)> {
         let base = self.span(address, size)?;
         let r = self.reservations.get(&base)?;
         let pages = r
@@ -622,7 +621,7 @@ fn create_and_map(
 /// Each page must be mapped at its address with its handle by this backend, must leave the
 /// bookkeeping (it is released exactly once), and no work queued on the device may still use
 /// it.
-unsafe fn unmap_and_release(pages: &[(u64, sys::CUmemGenericAllocationHandle)], page: usize) {
+unsafe fn unmap_and_release(pages: &[Page], page: usize) {
     for &(address, handle) in pages {
         // SAFETY: the caller's contract: mapped here with this handle, unused, released once.
         let _ = unsafe { sys::cuMemUnmap(address, page) };
@@ -742,8 +741,7 @@ impl CudaBackend {
         let ordinal = self.ctx.ordinal();
         let prop = pinned_on(ordinal);
         let end = address + size;
-        let mut made: Vec<(u64, sys::CUmemGenericAllocationHandle)> =
-            Vec::with_capacity((size / page) as usize);
+        let mut made: Vec<Page> = Vec::with_capacity((size / page) as usize);
         let mut failure = None;
         let mut at = address;
         while at < end {
@@ -821,7 +819,7 @@ impl CudaBackend {
 
     /// Maps again pages unmapped by a failing [`Backend::unmap`] (their handles still held),
     /// with access for this device. Best effort: the driver has already failed once.
-    fn remap(&self, pages: &[(u64, sys::CUmemGenericAllocationHandle)], page: usize) {
+    fn remap(&self, pages: &[Page], page: usize) {
         let access = read_write_for(self.ctx.ordinal());
         for &(at, handle) in pages {
             // SAFETY: `at` was mapped with `handle` (still live: not released) until just now,
