@@ -98,7 +98,7 @@ pub fn segment_states(segments: &[SegmentInfo], device: usize) -> Vec<SegmentSta
                     Pool::Small => SegmentType::Small,
                     Pool::Large => SegmentType::Large,
                 },
-                is_expandable: false,
+                is_expandable: seg.expandable,
                 blocks,
                 stack: StackId::EMPTY,
             }
@@ -127,6 +127,8 @@ pub fn trace_entries(history: &[TraceEvent]) -> Vec<TraceEntry> {
                 TraceAction::FreeCompleted => Action::FreeCompleted,
                 TraceAction::SegmentAlloc => Action::SegmentAlloc,
                 TraceAction::SegmentFree => Action::SegmentFree,
+                TraceAction::SegmentMap => Action::SegmentMap,
+                TraceAction::SegmentUnmap => Action::SegmentUnmap,
                 TraceAction::Oom => Action::Oom,
             },
             addr: e.address,

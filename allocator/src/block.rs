@@ -41,6 +41,12 @@ pub(crate) struct Block {
     pub stream_uses: Vec<StreamId>,
     /// The pool's search counter when the block entered the free set (garbage collection age).
     pub gc_base: u64,
+    /// Whether memory backs the block. Only a block of a range (rule 19) can be unmapped: it is
+    /// then `Free`, in its pool's unmapped set and in no other index.
+    pub mapped: bool,
+    /// The first address of the range (rule 19) the block belongs to, or `None` for a block
+    /// of a segment (rule 8, rule 18).
+    pub range: Option<u64>,
 }
 
 impl Block {

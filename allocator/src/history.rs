@@ -20,6 +20,10 @@ pub enum TraceAction {
     SegmentAlloc,
     /// A device segment was given back; `size` is its size.
     SegmentFree,
+    /// Pages were mapped into an expandable segment's range (rule 19b); `size` is the bytes.
+    SegmentMap,
+    /// Pages of an expandable segment's range were unmapped (rule 19e); `size` is the bytes.
+    SegmentUnmap,
     /// An allocation failed for lack of memory; `address` holds the device's free bytes and
     /// `size` the rounded request.
     Oom,

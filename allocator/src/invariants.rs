@@ -42,7 +42,39 @@ pub enum InvariantViolation {
         /// Its size.
         size: u64,
     },
-    /// A block whose pool or stream is not its segment's.
+    /// A range, or an unmapped block, breaks rule 19's tiling.
+    #[error("{address:#x}: {what} (rule 19, expandable segments)")]
+    Range {
+        /// The block or range.
+        address: u64,
+        /// What is wrong with it.
+        what: &'static str,
+    },
+    /// A range's blocks do not cover it exactly.
+    #[error("range {address:#x}: blocks cover {covered} of {size} bytes")]
+    RangeCoverage {
+        /// The range.
+        address: u64,
+        /// Bytes its blocks cover.
+        covered: u64,
+        /// Its size.
+        size: u64,
+    },
+    /// Ranges and unmapped blocks do not match their indexes.
+    #[error(
+        "{ranges} ranges, {heads} tiled by blocks; {unmapped} unmapped blocks, {indexed} in the unmapped sets"
+    )]
+    RangeCount {
+        /// Ranges the core holds.
+        ranges: usize,
+        /// Ranges with a head block.
+        heads: usize,
+        /// Unmapped blocks in the slab.
+        unmapped: usize,
+        /// Entries of the unmapped sets.
+        indexed: usize,
+    },
+    /// A block whose pool, stream or range is not its segment's.
     #[error("block {address:#x}: pool or stream differs from its segment")]
     SegmentMismatch {
         /// The block's address.
@@ -182,6 +214,8 @@ pub enum InvariantViolation {
 pub(crate) struct CoreParts<'a> {
     pub blocks: &'a Slab,
     pub free: &'a [BTreeSet<FreeKey>; 2],
+    pub unmapped: &'a [BTreeSet<crate::policy::UnmappedKey>; 2],
+    pub ranges: &'a BTreeMap<u64, crate::policy::Range>,
     pub live: &'a FxHashMap<u64, BlockId>,
     pub events: &'a BTreeMap<StreamId, VecDeque<(EventId, BlockId)>>,
     pub stats: &'a Stats,
@@ -239,7 +273,20 @@ pub(crate) fn check(parts: CoreParts<'_>) -> Result<(), InvariantViolation> {
         let mut cur = Some(head);
         let mut prev: Option<BlockId> = None;
         let mut prev_free = false;
+        let mut prev_unmapped = false;
+        let mut mapped_bytes = 0u64;
         let split = hb.next.is_some();
+        let range = hb.range.map(|base| (base, parts.ranges.get(&base)));
+        if let Some((base, r)) = range
+            && (r.is_none() || base != hb.address)
+        {
+            {
+                return Err(InvariantViolation::Range {
+                    address: base,
+                    what: "not a range, or its head is elsewhere",
+                });
+            }
+        }
         while let Some(id) = cur {
             let b = blocks.get(id);
             seen += 1;
@@ -261,11 +308,54 @@ pub(crate) fn check(parts: CoreParts<'_>) -> Result<(), InvariantViolation> {
                     size: b.size,
                 });
             }
-            if b.pool != hb.pool || b.stream != hb.stream {
+            if b.pool != hb.pool || b.stream != hb.stream || b.range != hb.range {
                 return Err(InvariantViolation::SegmentMismatch { address: b.address });
             }
             let in_free = parts.free[p].contains(&(b.stream, b.size, b.address, id));
             let in_live = parts.live.get(&b.address) == Some(&id);
+            let in_unmapped = parts.unmapped[p].contains(&(b.stream, b.address, id));
+            if !b.mapped {
+                // Rule 19: an unmapped block is free, page-aligned at both ends, in the
+                // unmapped set only, and never next to another unmapped block.
+                let Some((base, Some(r))) = range else {
+                    return Err(InvariantViolation::Range {
+                        address: b.address,
+                        what: "unmapped outside a range",
+                    });
+                };
+                if b.state != BlockState::Free || in_free || in_live || !in_unmapped {
+                    return Err(InvariantViolation::Range {
+                        address: b.address,
+                        what: "unmapped block in the wrong state or index",
+                    });
+                }
+                if !(b.address - base).is_multiple_of(r.page) || !b.size.is_multiple_of(r.page) {
+                    return Err(InvariantViolation::Range {
+                        address: b.address,
+                        what: "unmapped block not page-aligned",
+                    });
+                }
+                if prev_unmapped {
+                    return Err(InvariantViolation::Range {
+                        address: b.address,
+                        what: "unmerged unmapped neighbour",
+                    });
+                }
+                prev_unmapped = true;
+                prev_free = false;
+                end = b.address + b.size;
+                prev = Some(id);
+                cur = b.next;
+                continue;
+            }
+            if in_unmapped {
+                return Err(InvariantViolation::Range {
+                    address: b.address,
+                    what: "mapped block in the unmapped set",
+                });
+            }
+            mapped_bytes += b.size;
+            prev_unmapped = false;
             match b.state {
                 BlockState::Free => {
                     if !in_free || in_live {
@@ -274,7 +364,7 @@ pub(crate) fn check(parts: CoreParts<'_>) -> Result<(), InvariantViolation> {
                     if prev_free {
                         return Err(InvariantViolation::UnmergedFree { address: b.address });
                     }
-                    if split {
+                    if split && range.is_none() {
                         t.inactive_split[p] += 1;
                         t.inactive_split_bytes[p] += b.size as i64;
                     }
@@ -314,6 +404,18 @@ pub(crate) fn check(parts: CoreParts<'_>) -> Result<(), InvariantViolation> {
             cur = b.next;
         }
         let size = end - start;
+        if let Some((_, Some(r))) = range {
+            if size != r.size {
+                return Err(InvariantViolation::RangeCoverage {
+                    address: start,
+                    covered: size,
+                    size: r.size,
+                });
+            }
+            t.reserved[p] += mapped_bytes as i64;
+            segments.push((start, size));
+            continue;
+        }
         if hb.pool == Pool::Small && size != SMALL_BUFFER {
             return Err(InvariantViolation::SmallSegmentSize {
                 address: start,
@@ -339,10 +441,24 @@ pub(crate) fn check(parts: CoreParts<'_>) -> Result<(), InvariantViolation> {
     if parts.free[0].len() + parts.free[1].len()
         != blocks
             .iter()
-            .filter(|(_, b)| b.state == BlockState::Free)
+            .filter(|(_, b)| b.state == BlockState::Free && b.mapped)
             .count()
     {
         return Err(InvariantViolation::FreeSets);
+    }
+    let unmapped = blocks.iter().filter(|(_, b)| !b.mapped).count();
+    let indexed = parts.unmapped[0].len() + parts.unmapped[1].len();
+    let heads = blocks
+        .iter()
+        .filter(|(_, b)| b.prev.is_none() && b.range.is_some())
+        .count();
+    if unmapped != indexed || heads != parts.ranges.len() {
+        return Err(InvariantViolation::RangeCount {
+            ranges: parts.ranges.len(),
+            heads,
+            unmapped,
+            indexed,
+        });
     }
     segments.sort_unstable();
     for w in segments.windows(2) {

@@ -33,6 +33,8 @@ pub struct Knobs {
     pub thread_cache_blocks: u32,
     /// Segment addresses the simulated devices hand out first, in order (a recorded trace's).
     pub address_script: Vec<u64>,
+    /// `expandable_segments` (rule 19).
+    pub expandable_segments: bool,
 }
 
 impl Knobs {
@@ -47,6 +49,7 @@ impl Knobs {
             memory_fraction: None,
             thread_cache_blocks: 0,
             address_script: Vec::new(),
+            expandable_segments: false,
         }
     }
 }
@@ -86,6 +89,8 @@ pub mod tables {
         &[(3, None), (1, Some(0.5)), (1, Some(0.8))];
     /// Thread caches' capacity, for threaded scenarios (the core's scenarios keep 0).
     pub const THREAD_CACHE_BLOCKS: &Weighted<u32> = &[(1, 0), (1, 1), (1, 2), (2, 8)];
+    /// `expandable_segments` (rule 19): on in a third of the scenarios.
+    pub const EXPANDABLE: &Weighted<bool> = &[(2, false), (1, true)];
     /// How many addresses the device's address script holds (mostly none).
     pub const SCRIPT_LENGTHS: &Weighted<usize> = &[(6, 0), (1, 1), (1, 3)];
 }
@@ -100,6 +105,7 @@ impl<'a> Arbitrary<'a> for Knobs {
         let garbage_collection_threshold = weighted(u, GC_THRESHOLDS)?;
         let roundup_power2_divisions = weighted(u, DIVISIONS)?;
         let memory_fraction = weighted(u, MEMORY_FRACTIONS)?;
+        let expandable_segments = weighted(u, EXPANDABLE)?;
         let script_length = weighted(u, SCRIPT_LENGTHS)?;
         let mut address_script = Vec::with_capacity(script_length);
         for _ in 0..script_length {
@@ -114,6 +120,7 @@ impl<'a> Arbitrary<'a> for Knobs {
             memory_fraction,
             thread_cache_blocks: 0,
             address_script,
+            expandable_segments,
         })
     }
 }

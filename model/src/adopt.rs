@@ -133,6 +133,7 @@ impl Model {
                 stream: segment.stream,
                 pool,
                 blocks,
+                expandable: false,
             },
         );
         // Rule 18d: the statistics rise by the layout; no device allocation is counted.
@@ -237,7 +238,9 @@ impl Model {
 
     /// The next successful device allocation takes `address` when it is usable (nonzero, a
     /// multiple of 512, no overflow, no overlap with a live range), else the device picks as
-    /// usual; a successful allocation clears it, and so does `None`.
+    /// usual; a successful allocation clears it, and so does `None`. Under expandable segments
+    /// (rule 19) the next reservation of a range takes it likewise (usable also meaning no
+    /// overlap with another reservation) and clears it.
     pub fn set_next_address(&mut self, address: Option<u64>) {
         self.device.set_next_address(address);
     }

@@ -32,12 +32,16 @@ pub struct ModelConfig {
     /// How many freed blocks each thread keeps for itself (rule 17, cachalot's own policy);
     /// `0`, PyTorch's behaviour, turns thread caches off.
     pub thread_cache_blocks: u32,
+    /// Rule 19: memory comes from expandable segments — address-space ranges, one per pool
+    /// and stream, whose pages are mapped and unmapped as needed — instead of one device
+    /// allocation per segment. PyTorch's `expandable_segments:True`; off by default.
+    pub expandable_segments: bool,
 }
 
 impl ModelConfig {
     /// PyTorch's default settings on a device of `capacity` bytes: no split limit, 20 MiB
     /// non-split rounding, no garbage collection, no power-of-two rounding, no memory
-    /// fraction, no address script, no thread caches.
+    /// fraction, no address script, no thread caches, no expandable segments.
     pub fn pytorch_defaults(capacity: u64) -> Self {
         ModelConfig {
             capacity,
@@ -48,6 +52,7 @@ impl ModelConfig {
             memory_fraction: None,
             address_script: Vec::new(),
             thread_cache_blocks: 0,
+            expandable_segments: false,
         }
     }
 }

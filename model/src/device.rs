@@ -8,6 +8,13 @@
 //! success clears the next address; a failure leaves it set. Adopted ranges (rule 18) are
 //! live like allocated ones. The device keeps its own list of live allocations, so that the
 //! invariant checker can compare it with the model's segments.
+//!
+//! Reservations of address space and the mapping of bytes inside them (rule 19, expandable
+//! segments) are in `device/reservations.rs`.
+
+mod reservations;
+
+pub(crate) use reservations::Reservation;
 
 /// The lowest address the device hands out when no script address is left.
 pub(crate) const DEVICE_BASE: u64 = 0x7f00_0000_0000;
@@ -35,6 +42,8 @@ pub(crate) struct Device {
     failures_ahead: u32,
     /// Live allocations as `(address, size)`, in allocation order.
     live: Vec<(u64, u64)>,
+    /// Rule 19: reserved address ranges, in reservation order.
+    reservations: Vec<Reservation>,
 }
 
 /// Whether `[a, a + a_size)` and `[b, b + b_size)` share a byte.
@@ -53,6 +62,7 @@ impl Device {
             next: None,
             failures_ahead: 0,
             live: Vec::new(),
+            reservations: Vec::new(),
         }
     }
 
@@ -61,9 +71,9 @@ impl Device {
         self.capacity
     }
 
-    /// Bytes handed out and not freed.
+    /// Bytes handed out and not freed, and bytes mapped in reservations (rule 19).
     pub(crate) fn used(&self) -> u64 {
-        self.live.iter().map(|&(_, size)| size).sum()
+        self.live.iter().map(|&(_, size)| size).sum::<u64>() + self.mapped_bytes()
     }
 
     /// The live allocations as `(address, size)`.

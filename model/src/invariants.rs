@@ -13,6 +13,13 @@ use crate::stats::{Gauges, Stat, StatArray, Stats};
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum InvariantViolation {
+    /// A range of expandable segments (rule 19), or the device's reservations, broken; the
+    /// detail names the range and what is wrong.
+    #[error("{detail}")]
+    Range {
+        /// The range and what is wrong with it.
+        detail: String,
+    },
     /// Two segments out of address order, or sharing addresses.
     #[error(
         "segments {first:#x} (+{first_size}) and {second:#x} (+{second_size}) are out of order or overlap"
@@ -210,6 +217,12 @@ impl Model {
     /// 512 B, never two free side by side, and each state's fields are consistent.
     fn check_segment(&self, segment: &Segment) -> Result<(), InvariantViolation> {
         let (address, size) = (segment.address, segment.size);
+        // Rule 19: a range has invariants of its own.
+        if segment.expandable {
+            return self
+                .check_range(segment)
+                .map_err(|detail| InvariantViolation::Range { detail });
+        }
         match segment.pool {
             Pool::Small if size != SMALL_BUFFER => {
                 return Err(InvariantViolation::SmallSegmentSize {
@@ -348,6 +361,7 @@ impl Model {
             .segments
             .iter()
             .flat_map(|seg| seg.blocks.iter())
+            .filter(|b| b.mapped)
             .map(|b| b.size)
             .sum();
         if s.reserved_bytes.all.current != block_bytes as i64 {
@@ -370,14 +384,21 @@ impl Model {
         }
         let mut live = self.device.live().to_vec();
         live.sort_unstable();
-        let segments: Vec<(u64, u64)> = self.segments.iter().map(|s| (s.address, s.size)).collect();
+        let segments: Vec<(u64, u64)> = self
+            .segments
+            .iter()
+            .filter(|s| !s.expandable)
+            .map(|s| (s.address, s.size))
+            .collect();
         if live != segments {
             return Err(InvariantViolation::DeviceAllocations {
                 device: live,
                 segments,
             });
         }
-        Ok(())
+        // Rule 19: reservations and mapped bytes.
+        self.check_device_ranges()
+            .map_err(|detail| InvariantViolation::Range { detail })
     }
 }
 

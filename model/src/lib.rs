@@ -16,6 +16,7 @@
 mod adopt;
 mod config;
 mod device;
+mod expandable;
 mod invariants;
 mod policy;
 mod release;
@@ -38,7 +39,7 @@ use state::{BlockState as State, Event, Segment};
 pub struct Model {
     config: ModelConfig,
     device: Device,
-    /// Every segment, sorted by address.
+    /// Every segment, and every range of expandable segments (rule 19), sorted by address.
     segments: Vec<Segment>,
     /// Outstanding events in the order they were recorded; a stream's events, in this order,
     /// are its FIFO.
@@ -167,7 +168,7 @@ impl Model {
 
     /// Makes the next `n` device allocation attempts report out-of-memory, in addition to any
     /// failures already pending. Attempts stopped by the memory fraction never reach the device and do
-    /// not count.
+    /// not count. Under expandable segments each map step is one attempt (rule 19i).
     pub fn fail_next_device_allocs(&mut self, n: u32) {
         self.device.fail_next(n);
     }
@@ -182,12 +183,23 @@ impl Model {
         self.stats.clone()
     }
 
-    /// Every segment, sorted by address, with its blocks in address order.
+    /// Every segment, sorted by address, with its blocks in address order; under expandable
+    /// segments, one segment per maximal run of mapped blocks of a range, marked
+    /// `expandable` (rule 19h).
     pub fn layout(&self) -> Vec<ModelSegment> {
-        self.segments.iter().map(Segment::view).collect()
+        let mut layout = Vec::new();
+        for segment in &self.segments {
+            if segment.expandable {
+                layout.extend(Model::range_view(segment));
+            } else {
+                layout.push(segment.view());
+            }
+        }
+        layout
     }
 
-    /// Bytes the simulated device has handed out and not had back.
+    /// Bytes the simulated device has handed out and not had back, mapped bytes of ranges
+    /// included (rule 19).
     pub fn device_used(&self) -> u64 {
         self.device.used()
     }
@@ -297,5 +309,8 @@ mod tests {
         assert_eq!(layout[0].blocks[1].requested, 0);
         assert_eq!(layout[1].blocks[0].address, b);
         assert!(layout[1].small);
+        // Expandable segments are off by default (rule 19).
+        assert!(!model.config().expandable_segments);
+        assert!(layout.iter().all(|s| !s.expandable));
     }
 }

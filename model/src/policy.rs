@@ -1,9 +1,11 @@
 //! Finding, making, handing out and taking back blocks: rules 5, 6, 7, 8, 10, 13, 14 and 15.
-//! Giving memory back to the device (rules 9, 11, 12) is in `release.rs`.
+//! Giving memory back to the device (rules 9, 11, 12) is in `release.rs`; expandable segments
+//! (rule 19) are in `expandable.rs`.
 //!
 //! Every sub-step that changes what the statistics measure ends with `settle_stats`, which
 //! recomputes the statistics from the state and records the difference.
 
+use crate::expandable;
 use crate::rules::{self, Pool};
 use crate::state::{self, Block, BlockState, Event, Segment};
 use crate::stats::Gauges;
@@ -17,9 +19,23 @@ impl Model {
         self.stats.settle(&gauges);
     }
 
-    /// Bytes reserved: the sum of the segments' sizes.
+    /// Bytes reserved: the sum of the segments' sizes, plus the mapped bytes of ranges
+    /// (rule 19).
     pub(crate) fn reserved(&self) -> u64 {
-        self.segments.iter().map(|s| s.size).sum()
+        let mut reserved = 0;
+        for segment in &self.segments {
+            if segment.expandable {
+                reserved += segment
+                    .blocks
+                    .iter()
+                    .filter(|b| b.mapped)
+                    .map(|b| b.size)
+                    .sum::<u64>();
+            } else {
+                reserved += segment.size;
+            }
+        }
+        reserved
     }
 
     /// Whether garbage collection is on: a memory fraction is set and the threshold is
@@ -81,11 +97,13 @@ impl Model {
         }
         // The first entry of the free set at or after (stream, rounded, 0).
         let free = state::free_set(&self.segments, pool);
-        let best = free.iter().find(|e| e.key() >= (stream, rounded, 0))?;
+        let index = free.iter().position(|e| e.key() >= (stream, rounded, 0))?;
         // No reuse across streams.
-        if best.stream != stream {
+        if free[index].stream != stream {
             return None;
         }
+        // Rule 19a: a block of a range may give way to one of smaller reach.
+        let best = &free[expandable::walk_by_reach(&free, index)];
         let max_split = self.config.max_split_size;
         // A request below max_split_size does not take an oversize block.
         if rounded < max_split && best.size >= max_split {
@@ -114,19 +132,19 @@ impl Model {
             self.collect_garbage();
         }
         // Rule 7b.
-        if let Some(address) = self.allocate_segment(pool, stream, size) {
+        if let Some(address) = self.grow(pool, stream, rounded, size) {
             return Ok(address);
         }
         // Rule 7c.
         if self.release_oversize_blocks(pool, stream, rounded)
-            && let Some(address) = self.allocate_segment(pool, stream, size)
+            && let Some(address) = self.grow(pool, stream, rounded, size)
         {
             return Ok(address);
         }
         // Rule 7d.
         self.release_cached_segments();
         self.stats.num_alloc_retries += 1;
-        if let Some(address) = self.allocate_segment(pool, stream, size) {
+        if let Some(address) = self.grow(pool, stream, rounded, size) {
             return Ok(address);
         }
         // Rule 7: everything failed.
@@ -141,6 +159,17 @@ impl Model {
             allocated,
             reserved_unallocated: reserved - allocated,
         })
+    }
+
+    /// Rule 7's device step: a new segment of `size` bytes (rule 8), or, under expandable
+    /// segments, a range block grown to `rounded` bytes (rule 19b, with `size` for the memory
+    /// fraction check). The free block's address, or `None`.
+    fn grow(&mut self, pool: Pool, stream: u64, rounded: u64, size: u64) -> Option<u64> {
+        if self.config.expandable_segments {
+            self.grow_range(pool, stream, rounded, size)
+        } else {
+            self.allocate_segment(pool, stream, size)
+        }
     }
 
     /// Rule 8: a new segment of `size` bytes on `stream`, one free block, or `None` when the
@@ -159,6 +188,7 @@ impl Model {
             stream,
             pool,
             blocks: vec![Block::free(address, size, self.search_counter(pool))],
+            expandable: false,
         };
         let index = self.segments.partition_point(|s| s.address < address);
         self.segments.insert(index, segment);
@@ -177,14 +207,14 @@ impl Model {
         block.requested = 0;
         block.pending_events = 0;
         let mut b = b;
-        // Merge with the previous block when it is free.
-        if b > 0 && blocks[b - 1].state == BlockState::Free {
+        // Merge with the previous block when it is free (and mapped, rule 19).
+        if b > 0 && blocks[b - 1].in_free_set() {
             let this = blocks.remove(b);
             b -= 1;
             blocks[b].size += this.size;
         }
-        // Merge with the next block when it is free.
-        if b + 1 < blocks.len() && blocks[b + 1].state == BlockState::Free {
+        // Merge with the next block when it is free (and mapped, rule 19).
+        if b + 1 < blocks.len() && blocks[b + 1].in_free_set() {
             let next = blocks.remove(b + 1);
             blocks[b].size += next.size;
         }
@@ -198,12 +228,12 @@ impl Model {
         let (s, b) = state::find_block(&self.segments, address).expect("a found block exists");
         let pool = self.segments[s].pool;
         let now = self.search_counter(pool);
-        let max_split = self.config.max_split_size;
+        let split = self.splits(pool, self.segments[s].blocks[b].size, rounded);
         let blocks = &mut self.segments[s].blocks;
-        // Rule 13: split; the allocated part takes the lower addresses and the remainder
-        // enters the free set now.
+        // Rule 13 (rule 19c under expandable segments): split; the allocated part takes the
+        // lower addresses and the remainder enters the free set now.
         let size = blocks[b].size;
-        if rules::should_split(pool, size, rounded, max_split) {
+        if split {
             blocks[b].size = rounded;
             let remainder = Block::free(address + rounded, size - rounded, now);
             blocks.insert(b + 1, remainder);

@@ -6,6 +6,10 @@
 //! `max_split_size > 20 MiB` (the only values it accepts); for smaller values the model treats
 //! such a block in rule 11 as PyTorch treats a block it cannot release there (an expandable
 //! segment's): it is passed over and counts nothing.
+//!
+//! Rule 19f: blocks of ranges are never whole segments, so rules 11 and 12 pass them over the
+//! same way. (PyTorch 2.x's `release_available_cached_blocks` does not check: should it pick
+//! a free range block, `release_block` fails its `!block->expandable_segment_` assertion.)
 
 use crate::Model;
 use crate::rules::Pool;
@@ -31,7 +35,8 @@ impl Model {
 
     /// Rule 9: wait for every outstanding event (streams ascending, each stream's events in
     /// recorded order), then give every free whole segment back to the device, large pool
-    /// then small pool, in free-set order.
+    /// then small pool, in free-set order; in each pool, after its segments, unmap the whole
+    /// pages of its free range blocks (rule 19e).
     pub(crate) fn release_cached_segments(&mut self) {
         self.stats.num_sync_all_streams += 1;
         for stream in self.streams_with_events() {
@@ -47,6 +52,8 @@ impl Model {
                     self.release_segment(entry.address);
                 }
             }
+            // Rule 19e.
+            self.unmap_free_range_blocks(pool);
         }
     }
 

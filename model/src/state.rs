@@ -1,5 +1,10 @@
 //! The model's state — segments tiled by blocks, and the events holding pending blocks — and
 //! the public view of it ([`ModelSegment`], [`ModelBlock`]).
+//!
+//! Under expandable segments (rule 19) a *range* is kept as a [`Segment`] too, marked
+//! `expandable`, tiled by mapped blocks (free, allocated or pending) and unmapped blocks
+//! (`mapped == false`, state `Free`, in no free set). Its public view is built in
+//! `expandable.rs` (rule 19h).
 
 use crate::rules::Pool;
 
@@ -27,12 +32,13 @@ pub struct ModelBlock {
     pub state: BlockState,
 }
 
-/// The public view of one segment (one device allocation).
+/// The public view of one segment: one device allocation, or (rule 19h) one maximal run of
+/// mapped blocks in a range of expandable segments.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ModelSegment {
-    /// The address the device returned.
+    /// The address the device returned; for an expandable segment, its first block's address.
     pub address: u64,
-    /// The size of the device allocation.
+    /// The size of the device allocation; for an expandable segment, the sum of its blocks.
     pub size: u64,
     /// The stream every block of the segment belongs to.
     pub stream: u64,
@@ -40,6 +46,8 @@ pub struct ModelSegment {
     pub small: bool,
     /// The blocks tiling the segment, in address order.
     pub blocks: Vec<ModelBlock>,
+    /// Whether this is a run of mapped blocks in a range of expandable segments (rule 19h).
+    pub expandable: bool,
 }
 
 /// One block of a segment.
@@ -57,6 +65,10 @@ pub(crate) struct Block {
     pub(crate) pending_events: usize,
     /// While free: the pool's search counter when the block entered the free set (rule 12).
     pub(crate) free_since: u64,
+    /// Rule 19: whether memory is mapped behind the block. Always true in a segment; false
+    /// for an unmapped block of a range (then the state is `Free`, but the block is in no
+    /// free set and is never merged with free blocks).
+    pub(crate) mapped: bool,
 }
 
 impl Block {
@@ -70,11 +82,25 @@ impl Block {
             stream_uses: Vec::new(),
             pending_events: 0,
             free_since,
+            mapped: true,
         }
     }
 
+    /// Rule 19: an unmapped block of a range.
+    pub(crate) fn unmapped(address: u64, size: u64) -> Block {
+        Block {
+            mapped: false,
+            ..Block::free(address, size, 0)
+        }
+    }
+
+    /// Whether the block is in its pool's free set: free and mapped (rules 6, 10, 19).
+    pub(crate) fn in_free_set(&self) -> bool {
+        self.state == BlockState::Free && self.mapped
+    }
+
     /// The public view of the block.
-    fn view(&self) -> ModelBlock {
+    pub(crate) fn view(&self) -> ModelBlock {
         ModelBlock {
             address: self.address,
             size: self.size,
@@ -84,7 +110,9 @@ impl Block {
     }
 }
 
-/// One device allocation, tiled by its blocks in address order.
+/// One device allocation, tiled by its blocks in address order; or, when `expandable`, one
+/// range of expandable segments (rule 19): reserved address space tiled by mapped and
+/// unmapped blocks.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Segment {
     pub(crate) address: u64,
@@ -92,16 +120,19 @@ pub(crate) struct Segment {
     pub(crate) stream: u64,
     pub(crate) pool: Pool,
     pub(crate) blocks: Vec<Block>,
+    /// Rule 19: whether this is a range rather than a device allocation.
+    pub(crate) expandable: bool,
 }
 
 impl Segment {
     /// Whether the segment is one free block (the only kind of segment that can be given
     /// back to the device).
     pub(crate) fn is_one_free_block(&self) -> bool {
-        self.blocks.len() == 1 && self.blocks[0].state == BlockState::Free
+        // Rule 19f: a range is never a whole segment.
+        !self.expandable && self.blocks.len() == 1 && self.blocks[0].state == BlockState::Free
     }
 
-    /// The public view of the segment.
+    /// The public view of the segment (not of a range: see `expandable.rs`, rule 19h).
     pub(crate) fn view(&self) -> ModelSegment {
         ModelSegment {
             address: self.address,
@@ -109,6 +140,7 @@ impl Segment {
             stream: self.stream,
             small: self.pool == Pool::Small,
             blocks: self.blocks.iter().map(Block::view).collect(),
+            expandable: false,
         }
     }
 }
@@ -130,10 +162,15 @@ pub(crate) struct FreeEntry {
     pub(crate) stream: u64,
     pub(crate) size: u64,
     pub(crate) address: u64,
-    /// Whether the block is a whole segment.
+    /// Whether the block is a whole segment (never for a block of a range, rule 19f).
     pub(crate) whole: bool,
     /// The block's `free_since`.
     pub(crate) free_since: u64,
+    /// Rule 19: whether the block belongs to a range.
+    pub(crate) expandable: bool,
+    /// Rule 19a: the block's reach — its size plus the size of the block after it when that
+    /// one is unmapped.
+    pub(crate) reach: u64,
 }
 
 impl FreeEntry {
@@ -144,17 +181,25 @@ impl FreeEntry {
 }
 
 /// The free set of `pool`: every free block of the pool, sorted by `(stream, size, address)`.
+/// Unmapped blocks of ranges are not in it (rule 19).
 pub(crate) fn free_set(segments: &[Segment], pool: Pool) -> Vec<FreeEntry> {
     let mut entries = Vec::new();
     for segment in segments.iter().filter(|s| s.pool == pool) {
-        for block in &segment.blocks {
-            if block.state == BlockState::Free {
+        for (i, block) in segment.blocks.iter().enumerate() {
+            if block.in_free_set() {
+                // Rule 19a: the reach counts an unmapped block right after.
+                let unmapped_after = match segment.blocks.get(i + 1) {
+                    Some(next) if !next.mapped => next.size,
+                    _ => 0,
+                };
                 entries.push(FreeEntry {
                     stream: segment.stream,
                     size: block.size,
                     address: block.address,
-                    whole: segment.blocks.len() == 1,
+                    whole: !segment.expandable && segment.blocks.len() == 1,
                     free_since: block.free_since,
+                    expandable: segment.expandable,
+                    reach: block.size + unmapped_after,
                 });
             }
         }

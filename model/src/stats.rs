@@ -66,19 +66,20 @@ impl StatArray {
 pub struct Stats {
     /// Blocks handed to the user.
     pub allocation: StatArray,
-    /// Device allocations (segments).
+    /// Device allocations (segments). Ranges of expandable segments do not count (rule 19b).
     pub segment: StatArray,
     /// Blocks allocated or pending.
     pub active: StatArray,
-    /// Free blocks whose segment has more than one block.
+    /// Free blocks whose segment has more than one block; never blocks of a range (rule 19d).
     pub inactive_split: StatArray,
     /// Bytes of blocks handed to the user.
     pub allocated_bytes: StatArray,
-    /// Bytes of segments.
+    /// Bytes of segments, plus the mapped bytes of ranges (rule 19).
     pub reserved_bytes: StatArray,
     /// Bytes of blocks allocated or pending.
     pub active_bytes: StatArray,
-    /// Bytes of free blocks whose segment has more than one block.
+    /// Bytes of free blocks whose segment has more than one block; never blocks of a range
+    /// (rule 19d).
     pub inactive_split_bytes: StatArray,
     /// Requested (unrounded) bytes of blocks allocated or pending.
     pub requested_bytes: StatArray,
@@ -92,9 +93,9 @@ pub struct Stats {
     pub num_ooms: u64,
     /// Waits for every outstanding event (rule 9).
     pub num_sync_all_streams: u64,
-    /// Successful device allocations (rule 8).
+    /// Successful device allocations (rule 8) and map steps (rule 19b).
     pub num_device_alloc: u64,
-    /// Device frees (rules 9, 11, 12).
+    /// Device frees (rules 9, 11, 12) and unmaps (rule 19e).
     pub num_device_free: u64,
 }
 
@@ -126,17 +127,27 @@ impl Gauges {
     pub(crate) fn measure(segments: &[Segment], max_split_size: u64) -> Gauges {
         let mut gauges = Gauges::default();
         for segment in segments {
-            let split = segment.blocks.len() > 1;
-            if segment.size >= max_split_size {
+            // Rule 19d: blocks of a range never count as inactive split.
+            let split = segment.blocks.len() > 1 && !segment.expandable;
+            // Rule 19b: a range is no segment.
+            if segment.size >= max_split_size && !segment.expandable {
                 gauges.oversize_segments += 1;
             }
             let pool = match segment.pool {
                 Pool::Small => &mut gauges.small,
                 Pool::Large => &mut gauges.large,
             };
-            pool.segment += 1;
-            pool.reserved_bytes += segment.size;
-            for block in &segment.blocks {
+            if segment.expandable {
+                // Rule 19: only mapped memory counts as reserved.
+                for block in segment.blocks.iter().filter(|b| b.mapped) {
+                    pool.reserved_bytes += block.size;
+                }
+            } else {
+                pool.segment += 1;
+                pool.reserved_bytes += segment.size;
+            }
+            // Unmapped blocks are neither free nor active: they count in nothing.
+            for block in segment.blocks.iter().filter(|b| b.mapped) {
                 match block.state {
                     BlockState::Allocated => {
                         pool.allocation += 1;

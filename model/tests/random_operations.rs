@@ -102,3 +102,35 @@ fn random_sequences_keep_the_invariants_on_a_tiny_device() {
         run(config, seed, 3000);
     }
 }
+
+#[test]
+fn random_sequences_keep_the_invariants_with_expandable_segments() {
+    for seed in 1..=4 {
+        let mut config = ModelConfig::pytorch_defaults(512 * MIB);
+        config.expandable_segments = true;
+        run(config, seed, 3000);
+    }
+}
+
+#[test]
+fn random_sequences_keep_the_invariants_with_expandable_segments_and_every_setting_on() {
+    for seed in 1..=4 {
+        let mut config = ModelConfig::pytorch_defaults(512 * MIB);
+        config.expandable_segments = true;
+        config.max_split_size = 32 * MIB;
+        config.garbage_collection_threshold = 0.6;
+        config.memory_fraction = Some(0.7);
+        config.roundup_power2_divisions = [4; 16];
+        run(config, seed, 3000);
+    }
+}
+
+#[test]
+fn random_sequences_keep_the_invariants_with_expandable_segments_on_a_tiny_device() {
+    for seed in 1..=4 {
+        let mut config = ModelConfig::pytorch_defaults(120 * MIB);
+        config.expandable_segments = true;
+        config.max_split_size = 24 * MIB;
+        run(config, seed, 3000);
+    }
+}

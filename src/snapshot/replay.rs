@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use super::start::StartState;
-use super::{Action, AllocatorSettings, BlockStatus, DeviceTrace};
+use super::{Action, AllocatorSettings, BlockStatus, DeviceTrace, TraceEntry};
 
 /// One operation of a [`ReplayProgram`].
 ///
@@ -254,6 +254,9 @@ pub fn replay_ops_from(
         next_id += 1;
     }
     let mut pending_segment: Option<u64> = None;
+    // Expandable segments (rule 19): the ranges live at this point of the trace, keyed by
+    // (stream, small pool?), with their first address and the bytes mapped in them.
+    let mut ranges: HashMap<(u64, bool), (u64, u64)> = HashMap::new();
 
     let mut i = 0;
     while i < n {
@@ -309,6 +312,23 @@ pub fn replay_ops_from(
                 program.segment_addresses.push(e.addr);
                 pending_segment = Some(e.addr);
             }
+            Action::SegmentMap => {
+                // The pool is the one of the allocation the map serves (the next `alloc` or
+                // `oom`); the first map of a range is at the range's first address, which is
+                // offered to the device for the operation that reserves it.
+                let small = entries[i + 1..]
+                    .iter()
+                    .find(|x| matches!(x.action, Action::Alloc | Action::Oom))
+                    .is_some_and(|x| x.size.max(1).div_ceil(512) * 512 <= SMALL_REQUEST);
+                match ranges.get_mut(&(e.stream, small)) {
+                    Some((_, mapped)) => *mapped += e.size,
+                    None => {
+                        ranges.insert((e.stream, small), (e.addr, e.size));
+                        pending_segment = Some(e.addr);
+                    }
+                }
+                report.ignored_entries += 1;
+            }
             Action::Oom => {
                 // The allocation PyTorch failed: replayed, it fails the same way (its own cache
                 // release included), so it counts in `num_ooms` as PyTorch's did. Its recorded
@@ -332,6 +352,9 @@ pub fn replay_ops_from(
                         Action::SegmentFree | Action::SegmentUnmap
                     )
                 {
+                    if entries[end].action == Action::SegmentUnmap {
+                        unmap_from_range(&mut ranges, &entries[end]);
+                    }
                     end += 1;
                 }
                 let before_oom = entries.get(end).is_some_and(|e| e.action == Action::Oom);
@@ -353,6 +376,25 @@ pub fn replay_ops_from(
     (program, report)
 }
 
+/// Takes an unmap out of the bytes mapped in the range of its stream that holds it (the one
+/// with the highest first address at or below it); a range with nothing mapped left is gone
+/// (rule 19e gives its address space back).
+fn unmap_from_range(ranges: &mut HashMap<(u64, bool), (u64, u64)>, e: &TraceEntry) {
+    let key = ranges
+        .iter()
+        .filter(|&(&(stream, _), &(base, _))| stream == e.stream && base <= e.addr)
+        .max_by_key(|&(_, &(base, _))| base)
+        .map(|(&k, _)| k);
+    if let Some(k) = key
+        && let Some((_, mapped)) = ranges.get_mut(&k)
+    {
+        *mapped = mapped.saturating_sub(e.size);
+        if *mapped == 0 {
+            ranges.remove(&k);
+        }
+    }
+}
+
 /// Whether the `segment_free` run `entries[start..end]` is the allocator's own release (see
 /// [`replay_ops_with`]).
 fn is_internal_release(
@@ -364,6 +406,22 @@ fn is_internal_release(
     options: &ReplayOptions,
 ) -> bool {
     let entries = &trace.entries;
+    // Under expandable segments (rule 19) the retry maps pages (one or more `segment_map`)
+    // and then allocates; whether a released page could have served it is not asked (pages
+    // are not blocks): the device being full decides.
+    if entries
+        .get(end)
+        .is_some_and(|e| e.action == Action::SegmentMap)
+    {
+        let mut j = end;
+        let mut mapped: i128 = 0;
+        while let Some(m) = entries.get(j).filter(|m| m.action == Action::SegmentMap) {
+            mapped += i128::from(m.size);
+            j += 1;
+        }
+        return entries.get(j).is_some_and(|a| a.action == Action::Alloc)
+            && reserved_before[start] + mapped > peak;
+    }
     let (Some(seg), Some(alloc)) = (entries.get(end), entries.get(end + 1)) else {
         return false;
     };

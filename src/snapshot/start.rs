@@ -119,8 +119,12 @@ pub fn reconstruct_start(
     segments: &[SegmentState],
     divisions: &[u64; 16],
 ) -> Result<StartState, StartError> {
+    let mine = || segments.iter().filter(|s| s.device == trace.device);
+    if mine().any(|s| s.is_expandable) {
+        return expandable_start(trace, segments);
+    }
     let mut state: BTreeMap<u64, Seg> = BTreeMap::new();
-    for s in segments.iter().filter(|s| s.device == trace.device) {
+    for s in mine() {
         let blocks = s
             .blocks
             .iter()
@@ -341,6 +345,56 @@ fn set_free_and_merge(seg: &mut Seg, addr: u64) {
         size += nsize;
     }
     seg.blocks.insert(start, (size, 0, BlockStatus::Inactive));
+}
+
+/// The start of a trace recorded under expandable segments (rule 19), which the backward walk
+/// does not model block by block: it is the empty allocator when every byte mapped at the dump
+/// was mapped during the trace and the process held nothing else — the case of a process
+/// recorded from its start. Anything else is refused, naming what was held before.
+fn expandable_start(
+    trace: &DeviceTrace,
+    segments: &[SegmentState],
+) -> Result<StartState, StartError> {
+    let dumped: i128 = segments
+        .iter()
+        .filter(|s| s.device == trace.device)
+        .map(|s| i128::from(s.total_size))
+        .sum();
+    let mut during: i128 = 0;
+    for e in &trace.entries {
+        match e.action {
+            Action::SegmentAlloc | Action::SegmentMap => during += i128::from(e.size),
+            Action::SegmentFree | Action::SegmentUnmap => during -= i128::from(e.size),
+            _ => {}
+        }
+    }
+    // Allocations live at the first entry would be freed in the trace without being made in it.
+    let mut made = std::collections::HashSet::new();
+    let freed_unmade = trace.entries.iter().any(|e| match e.action {
+        Action::Alloc => {
+            made.insert(e.addr);
+            false
+        }
+        Action::FreeRequested | Action::FreeCompleted => !made.contains(&e.addr),
+        _ => false,
+    });
+    if dumped == during && !freed_unmade {
+        return Ok(StartState::default());
+    }
+    Err(StartError {
+        entry: trace.entries.len(),
+        action: "dump".into(),
+        reason: format!(
+            "expandable segments held {} bytes when recording began{}; the walk does not model \
+             expandable segments block by block",
+            dumped - during,
+            if freed_unmade {
+                ", and tensors allocated before it are freed in the trace"
+            } else {
+                ""
+            }
+        ),
+    })
 }
 
 #[cfg(test)]

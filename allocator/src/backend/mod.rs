@@ -85,4 +85,52 @@ pub trait Backend {
             ),
         })
     }
+
+    /// Whether the backend offers virtual memory — [`Backend::reserve`], [`Backend::map`],
+    /// [`Backend::unmap`] and [`Backend::release_reservation`] — which expandable segments
+    /// (rule 19) need. The default is `false`, and the allocator then refuses
+    /// `expandable_segments:True` when it is made.
+    fn virtual_memory(&self) -> bool {
+        false
+    }
+
+    /// Reserves `size` bytes of device address space (no memory behind it yet; counted against
+    /// nothing) whose pages will be `page` bytes, and returns its first address (never 0).
+    /// Both are multiples of 2 MiB. Shaped after `cuMemAddressReserve`.
+    fn reserve(&mut self, size: u64, page: u64) -> Result<u64, BackendError> {
+        let _ = page;
+        Err(no_virtual_memory("reserve", size))
+    }
+
+    /// Gives back a reservation [`Backend::reserve`] made (`address`, `size` as returned and
+    /// asked). Nothing in it may be mapped. Shaped after `cuMemAddressFree`.
+    fn release_reservation(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
+        let _ = address;
+        Err(no_virtual_memory("release_reservation", size))
+    }
+
+    /// Backs `size` bytes at `address` — whole pages of one reservation, none mapped yet — with
+    /// new device memory: creates each page (`cuMemCreate`), maps it (`cuMemMap`) and gives
+    /// the device read and write access (`cuMemSetAccess`). All or nothing: when a page cannot
+    /// be created the pages created so far are released and the call fails
+    /// ([`BackendError::OutOfMemory`] when the device has no room).
+    fn map(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
+        let _ = address;
+        Err(no_virtual_memory("map", size))
+    }
+
+    /// Unmaps and releases the pages of `size` bytes at `address` (whole pages that
+    /// [`Backend::map`] mapped), after the work queued on `stream` — the range's stream — is
+    /// done (`cuMemUnmap`, `cuMemRelease`). On failure nothing is unmapped.
+    fn unmap(&mut self, address: u64, size: u64, stream: StreamId) -> Result<(), BackendError> {
+        let _ = (address, stream);
+        Err(no_virtual_memory("unmap", size))
+    }
+}
+
+fn no_virtual_memory(operation: &'static str, size: u64) -> BackendError {
+    BackendError::Device {
+        operation,
+        message: format!("this backend has no virtual memory ({size} bytes asked)"),
+    }
 }

@@ -45,6 +45,17 @@ pub struct SimDevice {
     next_event: u64,
     device_allocs: u64,
     device_frees: u64,
+    /// Address space reserved for expandable segments (rule 19): first address → reservation.
+    reservations: BTreeMap<u64, Reservation>,
+}
+
+/// One reservation of address space and what is mapped in it.
+#[derive(Debug, Clone)]
+struct Reservation {
+    size: u64,
+    page: u64,
+    /// Mapped spans: address → bytes (whole pages).
+    mapped: BTreeMap<u64, u64>,
 }
 
 impl SimDevice {
@@ -62,6 +73,7 @@ impl SimDevice {
             next_event: 1,
             device_allocs: 0,
             device_frees: 0,
+            reservations: BTreeMap::new(),
         }
     }
 
@@ -140,11 +152,31 @@ impl SimDevice {
 
     fn overlaps(&self, address: u64, size: u64) -> bool {
         let end = address.saturating_add(size);
-        // The last segment starting below `end` is the only one that can overlap.
+        // The last range starting below `end` is the only one of each map that can overlap.
         self.segments
             .range(..end)
             .next_back()
             .is_some_and(|(&a, &s)| a.saturating_add(s) > address)
+            || self
+                .reservations
+                .range(..end)
+                .next_back()
+                .is_some_and(|(&a, r)| a.saturating_add(r.size) > address)
+    }
+
+    /// Every live allocation and reservation as `(address, size)`, by address.
+    fn occupied(&self) -> Vec<(u64, u64)> {
+        let mut all: Vec<(u64, u64)> = self.allocations().collect();
+        all.extend(self.reservations.iter().map(|(&a, r)| (a, r.size)));
+        all.sort_unstable();
+        all
+    }
+
+    /// Reservations and what is mapped in them: `(address, size, mapped bytes)`, by address.
+    pub fn reservations(&self) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
+        self.reservations
+            .iter()
+            .map(|(&a, r)| (a, r.size, r.mapped.values().sum()))
     }
 
     fn usable(&self, address: u64, size: u64) -> bool {
@@ -165,14 +197,21 @@ impl SimDevice {
                 return Some(a);
             }
         }
+        self.lowest_free(size)
+    }
+
+    /// The lowest address at or above [`SIM_BASE_ADDRESS`], aligned to [`SIM_ALIGNMENT`], where
+    /// `size` bytes overlap no live allocation or reservation.
+    fn lowest_free(&self, size: u64) -> Option<u64> {
         let mut candidate = SIM_BASE_ADDRESS;
+        let occupied = if self.reservations.is_empty() {
+            self.allocations().collect()
+        } else {
+            self.occupied()
+        };
         // From the last range starting below the base (it may reach past it) onwards.
-        let from = self
-            .segments
-            .range(..SIM_BASE_ADDRESS)
-            .next_back()
-            .map_or(SIM_BASE_ADDRESS, |(&a, _)| a);
-        for (&a, &s) in self.segments.range(from..) {
+        let from = occupied.partition_point(|&(a, _)| a < SIM_BASE_ADDRESS);
+        for &(a, s) in &occupied[from.saturating_sub(1)..] {
             let end = a.checked_add(s)?;
             if end <= candidate {
                 continue;
@@ -310,6 +349,148 @@ impl Backend for SimDevice {
         self.segments.insert(address, size);
         self.used += size;
         Ok(())
+    }
+
+    fn virtual_memory(&self) -> bool {
+        true
+    }
+
+    /// Rule 19: the next address when set and usable for `size` (cleared by the success), else
+    /// the lowest free one; never the address script, never counted against capacity.
+    fn reserve(&mut self, size: u64, page: u64) -> Result<u64, BackendError> {
+        if size == 0 || page == 0 || !size.is_multiple_of(page) {
+            return Err(BackendError::Device {
+                operation: "reserve",
+                message: format!("{size} bytes is not a whole number of {page}-byte pages"),
+            });
+        }
+        let address = match self.next_address {
+            Some(a) if self.usable(a, size) => a,
+            _ => self.lowest_free(size).ok_or(BackendError::OutOfMemory)?,
+        };
+        self.next_address = None;
+        self.reservations.insert(
+            address,
+            Reservation {
+                size,
+                page,
+                mapped: BTreeMap::new(),
+            },
+        );
+        Ok(address)
+    }
+
+    fn release_reservation(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
+        match self.reservations.get(&address) {
+            Some(r) if r.size == size && r.mapped.is_empty() => {
+                self.reservations.remove(&address);
+                Ok(())
+            }
+            _ => Err(BackendError::Device {
+                operation: "release_reservation",
+                message: format!("{address:#x} (+{size}) is not a reservation with nothing mapped"),
+            }),
+        }
+    }
+
+    /// Counts against capacity like an allocation, and takes injected allocation faults and
+    /// [`SimDevice::fail_next_allocs`] the same way; counted as an allocation in
+    /// [`SimDevice::call_counts`].
+    fn map(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
+        let (&base, r) = self
+            .reservations
+            .range(..=address)
+            .next_back()
+            .ok_or_else(|| not_mappable(address, size))?;
+        let end = address
+            .checked_add(size)
+            .ok_or_else(|| not_mappable(address, size))?;
+        let overlaps_mapped = r
+            .mapped
+            .range(..end)
+            .next_back()
+            .is_some_and(|(&a, &n)| a + n > address);
+        if size == 0
+            || end > base + r.size
+            || !(address - base).is_multiple_of(r.page)
+            || !size.is_multiple_of(r.page)
+            || overlaps_mapped
+        {
+            return Err(not_mappable(address, size));
+        }
+        if take(&mut self.faults.alloc_error) {
+            return Err(device_error("map"));
+        }
+        if take(&mut self.faults.alloc_oom) || self.used.saturating_add(size) > self.capacity {
+            return Err(BackendError::OutOfMemory);
+        }
+        if let Some(r) = self.reservations.get_mut(&base) {
+            r.mapped.insert(address, size);
+        }
+        self.used += size;
+        self.device_allocs += 1;
+        Ok(())
+    }
+
+    /// Unmaps whole pages of what [`Backend::map`] mapped (any run of them, across maps);
+    /// takes injected free faults; counted as a free in [`SimDevice::call_counts`].
+    fn unmap(&mut self, address: u64, size: u64, _stream: StreamId) -> Result<(), BackendError> {
+        let end = address
+            .checked_add(size)
+            .ok_or_else(|| not_mappable(address, size))?;
+        let Some((&base, r)) = self.reservations.range(..=address).next_back() else {
+            return Err(not_mappable(address, size));
+        };
+        // Every page of [address, end) must be mapped.
+        let mut covered = address;
+        for (&a, &n) in r.mapped.range(..end) {
+            if a + n <= covered {
+                continue;
+            }
+            if a > covered {
+                break;
+            }
+            covered = a + n;
+        }
+        if size == 0
+            || covered < end
+            || end > base + r.size
+            || !(address - base).is_multiple_of(r.page)
+            || !size.is_multiple_of(r.page)
+        {
+            return Err(not_mappable(address, size));
+        }
+        if take(&mut self.faults.free_error) {
+            return Err(device_error("unmap"));
+        }
+        let r = self.reservations.get_mut(&base).expect("found above");
+        let spans: Vec<(u64, u64)> = r
+            .mapped
+            .range(..end)
+            .filter(|&(&a, &n)| a + n > address)
+            .map(|(&a, &n)| (a, n))
+            .collect();
+        for (a, n) in spans {
+            r.mapped.remove(&a);
+            if a < address {
+                r.mapped.insert(a, address - a);
+            }
+            if a + n > end {
+                r.mapped.insert(end, a + n - end);
+            }
+        }
+        self.used -= size;
+        self.device_frees += 1;
+        Ok(())
+    }
+}
+
+fn not_mappable(address: u64, size: u64) -> BackendError {
+    BackendError::Device {
+        operation: "map",
+        message: format!(
+            "{address:#x} (+{size}) is not whole pages of one reservation in the right state"
+        ),
     }
 }
 
@@ -515,5 +696,48 @@ mod tests {
             d.adopt(0x1000_0000, 2 << 20),
             Err(BackendError::OutOfMemory)
         );
+    }
+
+    #[test]
+    fn reservations_take_address_space_but_no_capacity_and_maps_count() {
+        let mut d = SimDevice::new(64 << 20);
+        let r = d.reserve(80 << 20, 20 << 20).unwrap();
+        assert_eq!(r, SIM_BASE_ADDRESS);
+        assert_eq!(d.used(), 0);
+        // Allocations go around the reservation.
+        assert_eq!(d.allocate(2 << 20).unwrap(), SIM_BASE_ADDRESS + (80 << 20));
+        d.map(r, 40 << 20).unwrap();
+        assert_eq!(d.used(), 42 << 20);
+        // Not page-aligned, overlapping, or beyond capacity: refused, nothing changes.
+        assert!(d.map(r + (2 << 20), 20 << 20).is_err());
+        assert!(d.map(r, 20 << 20).is_err());
+        assert_eq!(
+            d.map(r + (40 << 20), 40 << 20),
+            Err(BackendError::OutOfMemory)
+        );
+        d.fail_next_allocs(1);
+        assert_eq!(
+            d.map(r + (40 << 20), 20 << 20),
+            Err(BackendError::OutOfMemory)
+        );
+        assert_eq!(d.used(), 42 << 20);
+        // A reservation with pages mapped cannot be released; any run of pages can be unmapped.
+        assert!(d.release_reservation(r, 80 << 20).is_err());
+        d.unmap(r + (20 << 20), 20 << 20, StreamId(0)).unwrap();
+        assert!(d.unmap(r + (20 << 20), 20 << 20, StreamId(0)).is_err());
+        d.unmap(r, 20 << 20, StreamId(0)).unwrap();
+        assert_eq!(d.used(), 2 << 20);
+        d.release_reservation(r, 80 << 20).unwrap();
+        assert_eq!(d.reservations().count(), 0);
+        assert_eq!(d.call_counts(), (2, 2));
+    }
+
+    #[test]
+    fn a_reservation_takes_the_next_address_but_never_the_script() {
+        let mut d = SimDevice::new(1 << 30).with_address_script([0x4000_0000]);
+        d.set_next_address(Some(0x2000_0000));
+        assert_eq!(d.reserve(40 << 20, 20 << 20).unwrap(), 0x2000_0000);
+        assert_eq!(d.reserve(40 << 20, 20 << 20).unwrap(), SIM_BASE_ADDRESS);
+        assert_eq!(d.allocate(2 << 20).unwrap(), 0x4000_0000);
     }
 }

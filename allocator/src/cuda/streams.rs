@@ -135,6 +135,7 @@ mod tests {
             size: 2 << 20,
             stream: StreamId(stream),
             pool: crate::sizes::Pool::Small,
+            expandable: false,
             blocks: Vec::new(),
         }
     }

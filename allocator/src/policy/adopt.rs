@@ -138,6 +138,8 @@ impl<B: Backend> CachingCore<B> {
                 event_count,
                 stream_uses: Vec::new(),
                 gc_base,
+                mapped: true,
+                range: None,
             });
             if let Some(&prev) = ids.last() {
                 self.blocks.get_mut(prev).next = Some(id);

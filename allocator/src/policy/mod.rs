@@ -20,11 +20,24 @@ use crate::sizes::{MAX_ALLOC_SIZE, MIN_BLOCK_SIZE, Pool, SMALL_SIZE, round_size,
 use crate::stats::Stats;
 
 mod adopt;
+mod expandable;
 mod release;
 #[cfg(test)]
 mod tests;
 
 pub use adopt::{AdoptedBlock, AdoptedSegment, AdoptedState};
+
+/// A key of a pool's unmapped set (rule 19): `(stream, address, block)`.
+pub(crate) type UnmappedKey = (StreamId, u64, BlockId);
+
+/// A range of address space for expandable segments (rule 19).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Range {
+    /// Its size in bytes (whole pages).
+    pub size: u64,
+    /// Its page: 2 MiB in the small pool, 20 MiB in the large pool.
+    pub page: u64,
+}
 
 /// One block of a segment, as [`CachingCore::segments`] reports it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -50,6 +63,9 @@ pub struct SegmentInfo {
     pub stream: StreamId,
     /// The pool it belongs to.
     pub pool: Pool,
+    /// Whether it is a run of mapped memory in an expandable segment's range (rule 19h)
+    /// rather than one device allocation.
+    pub expandable: bool,
     /// Its blocks in address order; they tile the segment exactly.
     pub blocks: Vec<BlockInfo>,
 }
@@ -62,6 +78,10 @@ pub struct CachingCore<B: Backend> {
     device: usize,
     blocks: Slab,
     free: [BTreeSet<FreeKey>; 2],
+    /// Per pool: the unmapped blocks of ranges (rule 19).
+    unmapped: [BTreeSet<UnmappedKey>; 2],
+    /// The ranges of expandable segments, by first address (rule 19).
+    ranges: BTreeMap<u64, Range>,
     live: FxHashMap<u64, BlockId>,
     events: BTreeMap<StreamId, VecDeque<(EventId, BlockId)>>,
     stats: Stats,
@@ -78,14 +98,14 @@ pub struct CachingCore<B: Backend> {
 impl<B: Backend> CachingCore<B> {
     /// A caching allocator over `backend` with `settings`.
     ///
-    /// Fails when the settings ask for something not supported yet (expandable segments, the
-    /// `cudaMallocAsync` backend), or when a memory fraction is set and the device cannot report
-    /// its capacity.
+    /// Fails when the settings ask for what the backend cannot do (expandable segments on a
+    /// backend without virtual memory), for the `cudaMallocAsync` backend, or when a memory
+    /// fraction is set and the device cannot report its capacity.
     pub fn new(backend: B, settings: Settings) -> Result<Self, Error> {
-        if settings.expandable_segments {
+        if settings.expandable_segments && !backend.virtual_memory() {
             return Err(Error::Unsupported {
                 key: "expandable_segments",
-                reason: "expandable segments are not implemented yet",
+                reason: "this backend has no virtual memory to grow segments with",
             });
         }
         if settings.backend != crate::settings::AllocatorBackend::Native {
@@ -101,6 +121,8 @@ impl<B: Backend> CachingCore<B> {
             device: 0,
             blocks: Slab::default(),
             free: [BTreeSet::new(), BTreeSet::new()],
+            unmapped: [BTreeSet::new(), BTreeSet::new()],
+            ranges: BTreeMap::new(),
             live: FxHashMap::default(),
             events: BTreeMap::new(),
             stats: Stats::default(),
@@ -230,16 +252,33 @@ impl<B: Backend> CachingCore<B> {
         if self.gc_enabled() {
             self.garbage_collect()?;
         }
-        if let Some(id) = self.alloc_segment(pool, stream, alloc_size, false)? {
+        if let Some(id) = self.new_memory(pool, stream, alloc_size, rounded, false)? {
             return Ok(Some(id));
         }
         if self.release_oversize(pool, stream, rounded)?
-            && let Some(id) = self.alloc_segment(pool, stream, alloc_size, false)?
+            && let Some(id) = self.new_memory(pool, stream, alloc_size, rounded, false)?
         {
             return Ok(Some(id));
         }
         self.release_cached()?;
-        self.alloc_segment(pool, stream, alloc_size, true)
+        self.new_memory(pool, stream, alloc_size, rounded, true)
+    }
+
+    /// Rule 8, or rule 19b under expandable segments: a free block of at least `rounded`
+    /// bytes, out of the free set, or `None` on out-of-memory.
+    fn new_memory(
+        &mut self,
+        pool: Pool,
+        stream: StreamId,
+        alloc_size: u64,
+        rounded: u64,
+        is_retry: bool,
+    ) -> Result<Option<BlockId>, Error> {
+        if self.settings.expandable_segments {
+            self.grow(pool, stream, alloc_size, rounded, is_retry)
+        } else {
+            self.alloc_segment(pool, stream, alloc_size, is_retry)
+        }
     }
 
     fn out_of_memory(
@@ -275,11 +314,27 @@ impl<B: Backend> CachingCore<B> {
         if self.gc_enabled() {
             self.searches[p] += 1;
         }
-        let key = *self.free[p].range((stream, rounded, 0, 0)..).next()?;
-        let (s, size, _, id) = key;
-        if s != stream {
+        let mut candidates = self.free[p].range((stream, rounded, 0, 0)..);
+        let mut key = *candidates.next()?;
+        if key.0 != stream {
             return None;
         }
+        // Rule 19a: among blocks of ranges, walk on while the next fit reaches less far.
+        if self.blocks.get(key.3).range.is_some() {
+            let mut reach = self.reach(key.3);
+            for &next in candidates {
+                if next.0 != stream || self.blocks.get(key.3).range.is_none() {
+                    break;
+                }
+                let r = self.reach(next.3);
+                if r >= reach {
+                    break;
+                }
+                key = next;
+                reach = r;
+            }
+        }
+        let (_, size, _, id) = key;
         let max_split = self.settings.max_split_size;
         if rounded < max_split && size >= max_split {
             return None;
@@ -334,6 +389,8 @@ impl<B: Backend> CachingCore<B> {
             event_count: 0,
             stream_uses: Vec::new(),
             gc_base: self.searches[pool.index()],
+            mapped: true,
+            range: None,
         });
         Ok(Some(id))
     }
@@ -354,7 +411,10 @@ impl<B: Backend> CachingCore<B> {
                 b.next,
             )
         };
+        let in_range = self.blocks.get(id).range;
         let split = match pool {
+            // Rule 19c: under expandable segments every pool splits like the small one.
+            _ if self.settings.expandable_segments => remaining >= MIN_BLOCK_SIZE,
             Pool::Small => remaining >= MIN_BLOCK_SIZE,
             Pool::Large => rounded < max_split && remaining > SMALL_SIZE,
         };
@@ -371,6 +431,8 @@ impl<B: Backend> CachingCore<B> {
                 event_count: 0,
                 stream_uses: Vec::new(),
                 gc_base,
+                mapped: true,
+                range: in_range,
             });
             if let Some(n) = next {
                 self.blocks.get_mut(n).prev = Some(rest);
@@ -379,7 +441,9 @@ impl<B: Backend> CachingCore<B> {
             b.next = Some(rest);
             b.size = rounded;
             self.free[pool.index()].insert((stream, remaining, address + rounded, rest));
-            if already_split {
+            if in_range.is_some() {
+                // Rule 19d: blocks of ranges never count as inactive split.
+            } else if already_split {
                 // An inactive split block shrinks by the part handed out.
                 self.stats.inactive_split_bytes.decrease(pool, rounded);
             } else {
@@ -387,7 +451,7 @@ impl<B: Backend> CachingCore<B> {
                 self.stats.inactive_split_bytes.increase(pool, remaining);
                 self.stats.inactive_split.increase(pool, 1);
             }
-        } else if already_split {
+        } else if already_split && in_range.is_none() {
             let size = self.blocks.get(id).size;
             self.stats.inactive_split_bytes.decrease(pool, size);
             self.stats.inactive_split.decrease(pool, 1);
@@ -492,33 +556,7 @@ impl<B: Backend> CachingCore<B> {
             self.trace(TraceAction::FreeCompleted, address, requested, stream);
         }
         let p = pool.index();
-        let mut net_blocks: i64 = 0;
-        let mut net_bytes: i64 = 0;
-        if let Some(pid) = prev.filter(|&n| self.blocks.get(n).state == BlockState::Free) {
-            let src = self.blocks.remove(pid);
-            self.free[p].remove(&(src.stream, src.size, src.address, pid));
-            let b = self.blocks.get_mut(id);
-            b.address = src.address;
-            b.size += src.size;
-            b.prev = src.prev;
-            if let Some(pp) = src.prev {
-                self.blocks.get_mut(pp).next = Some(id);
-            }
-            net_blocks -= 1;
-            net_bytes -= src.size as i64;
-        }
-        if let Some(nid) = next.filter(|&n| self.blocks.get(n).state == BlockState::Free) {
-            let src = self.blocks.remove(nid);
-            self.free[p].remove(&(src.stream, src.size, src.address, nid));
-            let b = self.blocks.get_mut(id);
-            b.size += src.size;
-            b.next = src.next;
-            if let Some(nn) = src.next {
-                self.blocks.get_mut(nn).prev = Some(id);
-            }
-            net_blocks -= 1;
-            net_bytes -= src.size as i64;
-        }
+        let (mut net_blocks, mut net_bytes) = self.absorb_neighbours(id, prev, next, true);
         let gc_base = self.searches[p];
         let b = self.blocks.get_mut(id);
         b.state = BlockState::Free;
@@ -530,14 +568,73 @@ impl<B: Backend> CachingCore<B> {
             net_blocks += 1;
             net_bytes += b.size as i64;
         }
+        let in_range = b.range.is_some();
         let key = (b.stream, b.size, b.address, id);
         self.free[p].insert(key);
         let s = &mut self.stats;
-        apply_net(&mut s.inactive_split, pool, net_blocks);
-        apply_net(&mut s.inactive_split_bytes, pool, net_bytes);
+        // Rule 19d: blocks of ranges never count as inactive split.
+        if !in_range {
+            apply_net(&mut s.inactive_split, pool, net_blocks);
+            apply_net(&mut s.inactive_split_bytes, pool, net_bytes);
+        }
         s.active.decrease(pool, 1);
         s.active_bytes.decrease(pool, original_size);
         s.requested_bytes.decrease(pool, requested);
+    }
+
+    /// Rules 10 and 19: block `id` (whose neighbours were `prev` and `next`) takes in each
+    /// neighbour that is free and, like it, `mapped` (or not); the neighbours leave their free
+    /// or unmapped set. Returns the change in free split blocks and bytes this made (each
+    /// neighbour taken in was one), for the inactive-split statistics.
+    fn absorb_neighbours(
+        &mut self,
+        id: BlockId,
+        prev: Option<BlockId>,
+        next: Option<BlockId>,
+        mapped: bool,
+    ) -> (i64, i64) {
+        let mut net_blocks: i64 = 0;
+        let mut net_bytes: i64 = 0;
+        let mergeable = |core: &Self, n: BlockId| {
+            let b = core.blocks.get(n);
+            b.state == BlockState::Free && b.mapped == mapped
+        };
+        if let Some(pid) = prev.filter(|&n| mergeable(self, n)) {
+            let src = self.blocks.remove(pid);
+            self.forget_free(&src, pid);
+            let b = self.blocks.get_mut(id);
+            b.address = src.address;
+            b.size += src.size;
+            b.prev = src.prev;
+            if let Some(pp) = src.prev {
+                self.blocks.get_mut(pp).next = Some(id);
+            }
+            net_blocks -= 1;
+            net_bytes -= src.size as i64;
+        }
+        if let Some(nid) = next.filter(|&n| mergeable(self, n)) {
+            let src = self.blocks.remove(nid);
+            self.forget_free(&src, nid);
+            let b = self.blocks.get_mut(id);
+            b.size += src.size;
+            b.next = src.next;
+            if let Some(nn) = src.next {
+                self.blocks.get_mut(nn).prev = Some(id);
+            }
+            net_blocks -= 1;
+            net_bytes -= src.size as i64;
+        }
+        (net_blocks, net_bytes)
+    }
+
+    /// Takes the free block `b` (slab id `id`) out of its free or unmapped set.
+    fn forget_free(&mut self, b: &Block, id: BlockId) {
+        let p = b.pool.index();
+        if b.mapped {
+            self.free[p].remove(&(b.stream, b.size, b.address, id));
+        } else {
+            self.unmapped[p].remove(&(b.stream, b.address, id));
+        }
     }
 
     /// Rule 5: return the blocks whose events have all completed.
@@ -571,15 +668,21 @@ impl<B: Backend> CachingCore<B> {
 
     /// The segments and their blocks, by address.
     pub fn segments(&self) -> Vec<SegmentInfo> {
+        // A segment starts at a block with no mapped block before it: the head of a segment,
+        // or of a run of mapped blocks in a range (rule 19h).
+        let starts_run = |b: &Block| b.mapped && b.prev.is_none_or(|p| !self.blocks.get(p).mapped);
         let mut out: Vec<SegmentInfo> = self
             .blocks
             .iter()
-            .filter(|(_, b)| b.prev.is_none())
+            .filter(|(_, b)| starts_run(b))
             .map(|(head, b)| {
                 let mut blocks = Vec::new();
                 let mut cur = Some(head);
                 while let Some(id) = cur {
                     let x = self.blocks.get(id);
+                    if !x.mapped {
+                        break;
+                    }
                     blocks.push(BlockInfo {
                         address: x.address,
                         size: x.size,
@@ -593,6 +696,7 @@ impl<B: Backend> CachingCore<B> {
                     size: blocks.iter().map(|x| x.size).sum(),
                     stream: b.stream,
                     pool: b.pool,
+                    expandable: b.range.is_some(),
                     blocks,
                 }
             })
@@ -611,6 +715,8 @@ impl<B: Backend> CachingCore<B> {
         crate::invariants::check(CoreParts {
             blocks: &self.blocks,
             free: &self.free,
+            unmapped: &self.unmapped,
+            ranges: &self.ranges,
             live: &self.live,
             events: &self.events,
             stats: &self.stats,

@@ -26,20 +26,30 @@ impl<B: Backend> CachingCore<B> {
                 self.retire_event(stream, event, id);
             }
         }
+        // Rule 19e: per pool, whole segments first, then the free pages of ranges.
         self.release_whole_segments(Pool::Large)?;
-        self.release_whole_segments(Pool::Small)
+        self.unmap_free_pages(Pool::Large)?;
+        self.release_whole_segments(Pool::Small)?;
+        self.unmap_free_pages(Pool::Small)
     }
 
     fn release_whole_segments(&mut self, pool: Pool) -> Result<(), Error> {
         let whole: Vec<BlockId> = self.free[pool.index()]
             .iter()
             .map(|k| k.3)
-            .filter(|&id| !self.blocks.get(id).is_split())
+            .filter(|&id| self.is_whole_segment(id))
             .collect();
         for id in whole {
             self.release_segment(id)?;
         }
         Ok(())
+    }
+
+    /// Whether block `id` is a whole segment of rule 8 or 18 (never a block of a range: rule
+    /// 19f).
+    fn is_whole_segment(&self, id: BlockId) -> bool {
+        let b = self.blocks.get(id);
+        !b.is_split() && b.range.is_none()
     }
 
     /// Gives a free, whole-segment block back to the device.
@@ -83,7 +93,7 @@ impl<B: Backend> CachingCore<B> {
         if let Some((s, _, _, id)) = first {
             // A block that is not a whole segment cannot be given back on its own; PyTorch
             // skips such blocks (expandable segments) the same way.
-            if s == stream && !self.blocks.get(id).is_split() {
+            if s == stream && self.is_whole_segment(id) {
                 self.release_segment(id)?;
                 return Ok(true);
             }
@@ -97,7 +107,7 @@ impl<B: Backend> CachingCore<B> {
             if total >= target || size < max_split || s != stream {
                 break;
             }
-            if !self.blocks.get(id).is_split() {
+            if self.is_whole_segment(id) {
                 chosen.push(id);
                 total += size;
             }
@@ -123,7 +133,7 @@ impl<B: Backend> CachingCore<B> {
         let mut count = 0u64;
         for k in &self.free[Pool::Large.index()] {
             let b = self.blocks.get(k.3);
-            if !b.is_split() {
+            if self.is_whole_segment(k.3) {
                 total_age += age(b);
                 count += 1;
             }
@@ -137,7 +147,11 @@ impl<B: Backend> CachingCore<B> {
                 .iter()
                 .filter_map(|k| {
                     let b = self.blocks.get(k.3);
-                    (!b.is_split() && age(b) as f64 >= mean).then_some((k.3, b.size, age(b)))
+                    (self.is_whole_segment(k.3) && age(b) as f64 >= mean).then_some((
+                        k.3,
+                        b.size,
+                        age(b),
+                    ))
                 })
                 .collect();
             for (id, size, a) in old {

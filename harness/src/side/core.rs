@@ -22,6 +22,7 @@ pub fn settings(knobs: &Knobs) -> Settings {
     s.roundup_power2_divisions = knobs.roundup_power2_divisions;
     s.per_process_memory_fraction = knobs.memory_fraction;
     s.thread_cache_blocks = knobs.thread_cache_blocks;
+    s.expandable_segments = knobs.expandable_segments;
     s
 }
 
@@ -43,6 +44,7 @@ impl Knobs {
             memory_fraction: settings.per_process_memory_fraction,
             thread_cache_blocks: settings.thread_cache_blocks,
             address_script: Vec::new(),
+            expandable_segments: settings.expandable_segments,
         };
         let back = self::settings(&knobs);
         if back != *settings {
@@ -144,6 +146,7 @@ pub(super) fn layout(segments: Vec<SegmentInfo>) -> Vec<SegmentView> {
             size: s.size,
             stream: s.stream.0,
             small: s.pool == Pool::Small,
+            expandable: s.expandable,
             blocks: s
                 .blocks
                 .iter()

@@ -219,6 +219,8 @@ pub struct SegmentView {
     pub stream: u64,
     /// Small pool (else large).
     pub small: bool,
+    /// A run of mapped memory in an expandable segment's range (rule 19h).
+    pub expandable: bool,
     /// Blocks in address order.
     pub blocks: Vec<BlockView>,
 }

@@ -19,6 +19,7 @@ pub fn model_config(knobs: &Knobs) -> ModelConfig {
     c.memory_fraction = knobs.memory_fraction;
     c.thread_cache_blocks = knobs.thread_cache_blocks;
     c.address_script = knobs.address_script.clone();
+    c.expandable_segments = knobs.expandable_segments;
     c
 }
 
@@ -170,6 +171,7 @@ impl Side for ModelSide {
                 size: s.size,
                 stream: s.stream,
                 small: s.small,
+                expandable: s.expandable,
                 blocks: s
                     .blocks
                     .iter()

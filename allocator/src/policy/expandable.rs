@@ -1,0 +1,463 @@
+//! Expandable segments (rule 19): ranges of address space grown and shrunk page by page.
+//!
+//! The one rule: a range is tiled by blocks like a segment, and the only new kind of block is
+//! the *unmapped* one — `Free`, not mapped, in its pool's unmapped set keyed `(stream, address)`
+//! and in no other index. Growing maps pages into unmapped blocks (they become free blocks that
+//! merge like any other, rule 10); releasing unmaps the whole pages inside free blocks (they
+//! become unmapped blocks that merge with unmapped neighbours).
+
+use crate::backend::{Backend, BackendError, StreamId};
+use crate::block::{Block, BlockId, BlockState};
+use crate::error::Error;
+use crate::history::TraceAction;
+use crate::sizes::{LARGE_BUFFER, Pool, SMALL_BUFFER};
+
+use super::{CachingCore, Range};
+
+/// The page of a range (rule 19): 2 MiB in the small pool, 20 MiB in the large pool.
+pub(crate) fn page_size(pool: Pool) -> u64 {
+    match pool {
+        Pool::Small => SMALL_BUFFER,
+        Pool::Large => LARGE_BUFFER,
+    }
+}
+
+/// The size of a new range (rule 19): whole pages covering 9/8 of the device's capacity.
+pub(crate) fn range_size(capacity: u64, page: u64) -> u64 {
+    capacity
+        .saturating_add(capacity / 8)
+        .div_ceil(page)
+        .saturating_mul(page)
+}
+
+impl<B: Backend> CachingCore<B> {
+    /// Rule 19a: a block's reach — its size, plus the next block's when that one is unmapped.
+    pub(super) fn reach(&self, id: BlockId) -> u64 {
+        let b = self.blocks.get(id);
+        let tail = b
+            .next
+            .map(|n| self.blocks.get(n))
+            .filter(|n| !n.mapped)
+            .map_or(0, |n| n.size);
+        b.size + tail
+    }
+
+    /// Rule 19b: grow a range of the pool and stream until a free block of `rounded` bytes
+    /// exists, and take it out of the free set; `None` when the device has no room (pages
+    /// mapped by earlier steps stay mapped, as free memory).
+    pub(super) fn grow(
+        &mut self,
+        pool: Pool,
+        stream: StreamId,
+        alloc_size: u64,
+        rounded: u64,
+        is_retry: bool,
+    ) -> Result<Option<BlockId>, Error> {
+        if is_retry {
+            self.stats.num_alloc_retries += 1;
+        }
+        // Rule 8's memory-fraction check, with rule 4's segment size (as PyTorch does).
+        if let Some(allowed) = self.allowed_max
+            && self.reserved.saturating_add(alloc_size) > allowed
+        {
+            return Ok(None);
+        }
+        let mut start = match self.grow_start(pool, stream, rounded) {
+            Some(id) => id,
+            None => match self.new_range(pool, stream)? {
+                Some(id) => id,
+                None => return Ok(None),
+            },
+        };
+        if !self.blocks.get(start).mapped {
+            let n = self.blocks.get(start).size.min(rounded);
+            match self.map_step(start, n)? {
+                Some(id) => start = id,
+                None => return Ok(None),
+            }
+        }
+        while self.blocks.get(start).size < rounded {
+            let b = self.blocks.get(start);
+            let next = b
+                .next
+                .expect("rule 19b: the start's room goes on in the block after it");
+            let n = (rounded - b.size).min(self.blocks.get(next).size);
+            match self.map_step(next, n)? {
+                Some(id) => start = id,
+                None => return Ok(None),
+            }
+        }
+        let b = self.blocks.get(start);
+        let key = (b.stream, b.size, b.address, start);
+        self.free[pool.index()].remove(&key);
+        Ok(Some(start))
+    }
+
+    /// Rule 19b: the first unmapped block of the pool and stream, in address order — or the
+    /// free block before it — from which free and unmapped blocks reach `rounded` bytes.
+    fn grow_start(&self, pool: Pool, stream: StreamId, rounded: u64) -> Option<BlockId> {
+        let free_or_unmapped = |id: BlockId| self.blocks.get(id).state == BlockState::Free;
+        for &(s, _, id) in self.unmapped[pool.index()].range((stream, 0, 0)..) {
+            if s != stream {
+                break;
+            }
+            let start = match self.blocks.get(id).prev {
+                Some(p) if free_or_unmapped(p) => p,
+                _ => id,
+            };
+            let mut room = 0u64;
+            let mut cur = Some(start);
+            while room < rounded
+                && let Some(c) = cur.filter(|&c| free_or_unmapped(c))
+            {
+                let b = self.blocks.get(c);
+                room += b.size;
+                cur = b.next;
+            }
+            if room >= rounded {
+                return Some(start);
+            }
+        }
+        None
+    }
+
+    /// Rule 19b: reserve a new range for the pool and stream: one unmapped block (`None` on a
+    /// device with no memory at all, where the range would be empty).
+    fn new_range(&mut self, pool: Pool, stream: StreamId) -> Result<Option<BlockId>, Error> {
+        let page = page_size(pool);
+        let capacity = self.backend.mem_info()?.total;
+        let size = range_size(capacity, page);
+        if size == 0 {
+            return Ok(None);
+        }
+        let base = self.backend.reserve(size, page)?;
+        self.ranges.insert(base, Range { size, page });
+        let id = self.blocks.insert(Block {
+            address: base,
+            size,
+            requested: 0,
+            stream,
+            pool,
+            prev: None,
+            next: None,
+            state: BlockState::Free,
+            event_count: 0,
+            stream_uses: Vec::new(),
+            gc_base: self.searches[pool.index()],
+            mapped: false,
+            range: Some(base),
+        });
+        self.unmapped[pool.index()].insert((stream, base, id));
+        Ok(Some(id))
+    }
+
+    /// Rule 19b: one map step — back the first `n` bytes of the unmapped block `id`, rounded up
+    /// to whole pages, with memory. The mapped part becomes a free block that merges with free
+    /// neighbours; returns the merged block, or `None` when the device had no room.
+    fn map_step(&mut self, id: BlockId, n: u64) -> Result<Option<BlockId>, Error> {
+        let (address, size, pool, stream, range) = {
+            let b = self.blocks.get(id);
+            debug_assert!(!b.mapped && b.state == BlockState::Free);
+            (b.address, b.size, b.pool, b.stream, b.range)
+        };
+        let page = range
+            .and_then(|r| self.ranges.get(&r))
+            .map_or(page_size(pool), |r| r.page);
+        let bytes = n.div_ceil(page).saturating_mul(page).min(size);
+        if bytes == 0 {
+            return Ok(None);
+        }
+        match self.backend.map(address, bytes) {
+            Ok(()) => {}
+            Err(BackendError::OutOfMemory) => return Ok(None),
+            Err(e) => return Err(Error::Backend(e)),
+        }
+        let p = pool.index();
+        self.unmapped[p].remove(&(stream, address, id));
+        if bytes < size {
+            let next = self.blocks.get(id).next;
+            let rest = self.blocks.insert(Block {
+                address: address + bytes,
+                size: size - bytes,
+                requested: 0,
+                stream,
+                pool,
+                prev: Some(id),
+                next,
+                state: BlockState::Free,
+                event_count: 0,
+                stream_uses: Vec::new(),
+                gc_base: self.searches[p],
+                mapped: false,
+                range,
+            });
+            if let Some(nn) = next {
+                self.blocks.get_mut(nn).prev = Some(rest);
+            }
+            self.unmapped[p].insert((stream, address + bytes, rest));
+            let b = self.blocks.get_mut(id);
+            b.next = Some(rest);
+            b.size = bytes;
+        }
+        let (prev, next) = {
+            let b = self.blocks.get_mut(id);
+            b.mapped = true;
+            (b.prev, b.next)
+        };
+        // Blocks of ranges never count as inactive split (rule 19d): the net is not needed.
+        let _ = self.absorb_neighbours(id, prev, next, true);
+        let gc_base = self.searches[p];
+        let b = self.blocks.get_mut(id);
+        b.gc_base = gc_base;
+        let key = (b.stream, b.size, b.address, id);
+        self.free[p].insert(key);
+        self.reserved += bytes;
+        self.stats.reserved_bytes.increase(pool, bytes);
+        self.stats.num_device_alloc += 1;
+        self.trace(TraceAction::SegmentMap, address, bytes, stream);
+        Ok(Some(id))
+    }
+
+    /// Rule 19e: unmap the whole pages inside every free mapped block of the pool's ranges, in
+    /// free-set order as listed before any change.
+    pub(super) fn unmap_free_pages(&mut self, pool: Pool) -> Result<(), Error> {
+        if self.ranges.is_empty() {
+            return Ok(());
+        }
+        let listed: Vec<BlockId> = self.free[pool.index()]
+            .iter()
+            .map(|k| k.3)
+            .filter(|&id| self.blocks.get(id).range.is_some())
+            .collect();
+        for id in listed {
+            self.unmap_block(id)?;
+        }
+        Ok(())
+    }
+
+    /// Rule 19e: unmap the whole pages inside the free block `id`; a range left as one unmapped
+    /// block gives its address space back.
+    fn unmap_block(&mut self, id: BlockId) -> Result<(), Error> {
+        let (address, size, pool, stream, base) = {
+            let b = self.blocks.get(id);
+            debug_assert!(b.mapped && b.state == BlockState::Free);
+            let base = b
+                .range
+                .expect("rule 19e: only blocks of ranges are unmapped");
+            (b.address, b.size, b.pool, b.stream, base)
+        };
+        let page = self.ranges[&base].page;
+        let first = base + (address - base).div_ceil(page) * page;
+        let end = base + (address + size - base) / page * page;
+        if first >= end {
+            return Ok(());
+        }
+        let bytes = end - first;
+        self.backend.unmap(first, bytes, stream)?;
+        let p = pool.index();
+        self.free[p].remove(&(stream, size, address, id));
+        let gc_base = self.searches[p];
+        let piece = |address: u64, size: u64| Block {
+            address,
+            size,
+            requested: 0,
+            stream,
+            pool,
+            prev: None,
+            next: None,
+            state: BlockState::Free,
+            event_count: 0,
+            stream_uses: Vec::new(),
+            gc_base,
+            mapped: true,
+            range: Some(base),
+        };
+        if first > address {
+            let prev = self.blocks.get(id).prev;
+            let before = self.blocks.insert(Block {
+                prev,
+                next: Some(id),
+                ..piece(address, first - address)
+            });
+            if let Some(pp) = prev {
+                self.blocks.get_mut(pp).next = Some(before);
+            }
+            self.blocks.get_mut(id).prev = Some(before);
+            self.free[p].insert((stream, first - address, address, before));
+        }
+        if address + size > end {
+            let next = self.blocks.get(id).next;
+            let after = self.blocks.insert(Block {
+                prev: Some(id),
+                next,
+                ..piece(end, address + size - end)
+            });
+            if let Some(nn) = next {
+                self.blocks.get_mut(nn).prev = Some(after);
+            }
+            self.blocks.get_mut(id).next = Some(after);
+            self.free[p].insert((stream, address + size - end, end, after));
+        }
+        let (prev, next) = {
+            let b = self.blocks.get_mut(id);
+            b.address = first;
+            b.size = bytes;
+            b.mapped = false;
+            (b.prev, b.next)
+        };
+        let _ = self.absorb_neighbours(id, prev, next, false);
+        let b = self.blocks.get(id);
+        let (whole, unmapped_at) = (!b.is_split(), b.address);
+        self.unmapped[p].insert((stream, unmapped_at, id));
+        self.reserved -= bytes;
+        self.stats.reserved_bytes.decrease(pool, bytes);
+        self.stats.num_device_free += 1;
+        self.trace(TraceAction::SegmentUnmap, first, bytes, stream);
+        if whole {
+            let range = self.ranges[&base];
+            self.backend.release_reservation(base, range.size)?;
+            self.unmapped[p].remove(&(stream, unmapped_at, id));
+            self.blocks.remove(id);
+            self.ranges.remove(&base);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::backend::sim::{SIM_BASE_ADDRESS, SimDevice};
+    use crate::{BlockState, CachingCore, Settings, StreamId};
+
+    const MIB: u64 = 1 << 20;
+    const S: StreamId = StreamId(0);
+
+    fn core(capacity: u64) -> CachingCore<SimDevice> {
+        let settings = Settings {
+            expandable_segments: true,
+            ..Settings::pytorch()
+        };
+        CachingCore::new(SimDevice::new(capacity), settings).unwrap()
+    }
+
+    #[test]
+    fn a_range_grows_by_whole_pages_and_requests_tile_it() {
+        let mut c = core(1 << 30);
+        let base = SIM_BASE_ADDRESS;
+        // One 20 MiB page is mapped at the range's start; the request takes its lower part.
+        assert_eq!(c.malloc(3 * MIB, S).unwrap(), base);
+        assert_eq!(c.stats().reserved_bytes.all.current, 20 * MIB as i64);
+        assert_eq!(c.stats().num_device_alloc, 1);
+        // The next request fits in the same page: no new mapping.
+        assert_eq!(c.malloc(3 * MIB, S).unwrap(), base + 3 * MIB);
+        assert_eq!(c.stats().num_device_alloc, 1);
+        // 30 MiB: the free 14 MiB at the end grows by one more page, merged into one block.
+        assert_eq!(c.malloc(30 * MIB, S).unwrap(), base + 6 * MIB);
+        assert_eq!(c.stats().reserved_bytes.all.current, 40 * MIB as i64);
+        assert_eq!(c.stats().num_device_alloc, 2);
+        // No segment of rule 8 was made, and nothing counts as inactive split.
+        assert_eq!(c.stats().segment.all.current, 0);
+        assert_eq!(c.stats().inactive_split.all.current, 0);
+        let segs = c.segments();
+        assert_eq!(segs.len(), 1);
+        assert!(segs[0].expandable);
+        assert_eq!((segs[0].address, segs[0].size), (base, 40 * MIB));
+        let sizes: Vec<u64> = segs[0].blocks.iter().map(|b| b.size).collect();
+        assert_eq!(sizes, [3 * MIB, 3 * MIB, 30 * MIB, 4 * MIB]);
+        assert_eq!(segs[0].blocks[3].state, BlockState::Free);
+        c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn empty_cache_unmaps_every_free_page_and_gives_the_range_back() {
+        let mut c = core(1 << 30);
+        let a = c.malloc(3 * MIB, S).unwrap();
+        let b = c.malloc(30 * MIB, S).unwrap();
+        c.free(a).unwrap();
+        c.empty_cache().unwrap();
+        // Only the page under the live block stays: [3, 40) MiB holds it, [0, 20) is partly free.
+        assert_eq!(c.stats().reserved_bytes.all.current, 40 * MIB as i64);
+        c.free(b).unwrap();
+        c.empty_cache().unwrap();
+        assert_eq!(c.stats().reserved_bytes.all.current, 0);
+        assert_eq!(c.stats().num_device_free, 1);
+        assert!(c.segments().is_empty());
+        assert_eq!(c.backend().used(), 0);
+        assert_eq!(c.backend().reservations().count(), 0);
+        c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn best_fit_prefers_a_hole_to_the_block_that_can_grow() {
+        let mut c = core(1 << 30);
+        let base = SIM_BASE_ADDRESS;
+        let a = c.malloc(10 * MIB, S).unwrap();
+        let _b = c.malloc(5 * MIB, S).unwrap();
+        c.free(a).unwrap();
+        // Free: a 10 MiB hole at the base and 5 MiB at the end of the mapped part. Rule 6 alone
+        // would take the 5 MiB block; its reach (5 MiB + the unmapped rest) is larger.
+        assert_eq!(c.malloc(4 * MIB, S).unwrap(), base);
+        c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_map_that_does_not_fit_fails_and_the_out_of_memory_path_unmaps_and_retries() {
+        // 50 MiB: ranges of 60 MiB (three 20 MiB pages).
+        let mut c = core(50 * MIB);
+        let a = c.malloc(30 * MIB, S).unwrap();
+        c.free(a).unwrap();
+        // 45 MiB: growing the free 40 MiB by one page would need 60 MiB: the step fails; the
+        // release unmaps the 40 MiB and gives the range back; the retry maps 60 MiB: fails too.
+        assert!(c.malloc(45 * MIB, S).is_err());
+        assert_eq!(c.stats().num_alloc_retries, 1);
+        assert_eq!(c.stats().num_ooms, 1);
+        assert_eq!(c.stats().reserved_bytes.all.current, 0);
+        // 38 MiB fits after the release: two pages.
+        c.malloc(38 * MIB, S).unwrap();
+        assert_eq!(c.stats().reserved_bytes.all.current, 40 * MIB as i64);
+        c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn the_small_pool_grows_by_two_mebibyte_pages() {
+        let mut c = core(1 << 30);
+        c.malloc(4096, S).unwrap();
+        assert_eq!(c.stats().reserved_bytes.small_pool.current, 2 * MIB as i64);
+        c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_backend_without_virtual_memory_refuses_the_setting() {
+        #[derive(Debug)]
+        struct NoVm(SimDevice);
+        impl crate::Backend for NoVm {
+            fn allocate(&mut self, size: u64) -> Result<u64, crate::BackendError> {
+                self.0.allocate(size)
+            }
+            fn free(&mut self, address: u64, size: u64) -> Result<(), crate::BackendError> {
+                self.0.free(address, size)
+            }
+            fn mem_info(&mut self) -> Result<crate::MemInfo, crate::BackendError> {
+                self.0.mem_info()
+            }
+            fn record_event(&mut self, s: StreamId) -> Result<crate::EventId, crate::BackendError> {
+                self.0.record_event(s)
+            }
+            fn query_event(&mut self, e: crate::EventId) -> Result<bool, crate::BackendError> {
+                self.0.query_event(e)
+            }
+            fn synchronize_event(&mut self, e: crate::EventId) -> Result<(), crate::BackendError> {
+                self.0.synchronize_event(e)
+            }
+            fn destroy_event(&mut self, e: crate::EventId) {
+                self.0.destroy_event(e)
+            }
+        }
+        let settings = Settings {
+            expandable_segments: true,
+            ..Settings::pytorch()
+        };
+        let err = CachingCore::new(NoVm(SimDevice::new(1 << 30)), settings).unwrap_err();
+        assert!(err.to_string().contains("expandable_segments"), "{err}");
+    }
+}
