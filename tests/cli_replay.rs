@@ -260,8 +260,17 @@ fn a_bad_config_exits_with_code_2_naming_the_key() {
     }
     // Parsed, but not supported by the allocator: still the user's to fix.
     assert_bad_input(
-        &cachalot(&["replay", t, "--config", "expandable_segments:True"]),
-        "expandable_segments",
+        &cachalot(&[
+            "replay",
+            t,
+            "--config",
+            "pinned_use_cuda_host_register:True",
+        ]),
+        "pinned_use_cuda_host_register",
+    );
+    assert_bad_input(
+        &cachalot(&["replay", t, "--config", "backend:cudaMallocAsync"]),
+        "backend",
     );
     // A trace device that does not exist.
     assert_bad_input(&cachalot(&["replay", t, "--device", "7"]), "device 7");
