@@ -21,6 +21,10 @@ if [ -z "$bin" ]; then
     if [ -x .gpu/bin/cachalot ]; then bin=.gpu/bin/cachalot; else bin=target/release/cachalot; fi
 fi
 repeat=${REPEAT:-3}
+# CONFIG=expandable_segments:True: the same check with a setting on top of each trace's own
+# (both the GPU replay and the simulated replay of its snapshot run with it).
+config_args=()
+if [ -n "${CONFIG:-}" ]; then config_args=(--config "$CONFIG"); fi
 backend=${BACKEND:-cuda} # BACKEND=sim: a dry run of this script on a machine without a GPU
 mkdir -p "$out"
 work=$(mktemp -d)
@@ -33,11 +37,11 @@ for trace in tests/fixtures/traces/*.pickle; do
     name=$(basename "$trace" .pickle)
     snap="$out/gpu_$name.pickle.gz"
     json="$out/gpu_$name.result.json"
-    "$bin" replay "$trace" --pytorch --backend "$backend" --repeat "$repeat" --json \
+    "$bin" replay "$trace" --pytorch "${config_args[@]}" --backend "$backend" --repeat "$repeat" --json \
         --snapshot-out "$snap" >"$json"
     total=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["device_total_bytes"])' "$json")
     sim_snap="$work/sim_$name.pickle.gz"
-    "$bin" replay "$snap" --pytorch --json --device-memory "$total" \
+    "$bin" replay "$snap" --pytorch "${config_args[@]}" --json --device-memory "$total" \
         --snapshot-out "$sim_snap" >"$out/sim_$name.json"
     python3 - "$name" "$json" "$out/sim_$name.json" "$snap" "$sim_snap" >>"$out/agreement.txt" <<'PY' || fail=1
 import gzip, json, pickle, sys
