@@ -60,6 +60,19 @@ fn the_simulated_replay_of_each_gpu_snapshot_agrees_with_the_gpu_to_the_byte() {
         );
         return;
     };
+    check_folder(&dir);
+}
+
+/// The same under expandable segments (rule 19): `CONFIG=expandable_segments:True
+/// scripts/gpu_agreement.sh` on the H200 (CUDA's virtual memory), committed under
+/// `tests/fixtures/gpu-expandable/`.
+#[test]
+fn under_expandable_segments_the_gpu_and_the_simulation_agree_to_the_byte() {
+    let dir = repo("tests/fixtures/gpu-expandable");
+    check_folder(&dir);
+}
+
+fn check_folder(dir: &Path) {
     let mut failures = Vec::new();
     let mut checked = 0;
     for name in fixture_names() {

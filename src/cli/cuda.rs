@@ -179,4 +179,27 @@ impl Backend for GpuReplayDevice {
         }
         self.inner.destroy_event(event);
     }
+
+    // Expandable segments (rule 19): the CUDA backend's virtual memory, with the trace's
+    // stream handles turned into the replay's real streams for the synchronisation of unmap.
+    fn virtual_memory(&self) -> bool {
+        self.inner.virtual_memory()
+    }
+
+    fn reserve(&mut self, size: u64, page: u64) -> Result<u64, BackendError> {
+        self.inner.reserve(size, page)
+    }
+
+    fn release_reservation(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
+        self.inner.release_reservation(address, size)
+    }
+
+    fn map(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
+        self.inner.map(address, size)
+    }
+
+    fn unmap(&mut self, address: u64, size: u64, stream: StreamId) -> Result<(), BackendError> {
+        let real = self.real_stream(stream);
+        self.inner.unmap(address, size, real)
+    }
 }
