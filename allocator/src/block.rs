@@ -50,6 +50,34 @@ pub(crate) struct Block {
 }
 
 impl Block {
+    /// A free, mapped block with no neighbours yet, as every new block starts (a new segment,
+    /// the rest of a split, a piece of a range); callers set the links and the rest with
+    /// struct-update syntax.
+    pub fn free(
+        address: u64,
+        size: u64,
+        stream: StreamId,
+        pool: Pool,
+        gc_base: u64,
+        range: Option<u64>,
+    ) -> Block {
+        Block {
+            address,
+            size,
+            requested: 0,
+            stream,
+            pool,
+            prev: None,
+            next: None,
+            state: BlockState::Free,
+            event_count: 0,
+            stream_uses: Vec::new(),
+            gc_base,
+            mapped: true,
+            range,
+        }
+    }
+
     /// Whether the block's segment holds other blocks too.
     #[inline]
     pub fn is_split(&self) -> bool {

@@ -49,19 +49,8 @@ impl<B: Backend> CachingCore<B> {
         &mut self,
         pool: Pool,
         stream: StreamId,
-        alloc_size: u64,
         rounded: u64,
-        is_retry: bool,
     ) -> Result<Option<BlockId>, Error> {
-        if is_retry {
-            self.stats.num_alloc_retries += 1;
-        }
-        // Rule 8's memory-fraction check, with rule 4's segment size (as PyTorch does).
-        if let Some(allowed) = self.allowed_max
-            && self.reserved.saturating_add(alloc_size) > allowed
-        {
-            return Ok(None);
-        }
         let mut start = match self.grow_start(pool, stream, rounded) {
             Some(id) => id,
             None => match self.new_range(pool, stream)? {
@@ -133,19 +122,15 @@ impl<B: Backend> CachingCore<B> {
         let base = self.backend.reserve(size, page)?;
         self.ranges.insert(base, Range { size, page });
         let id = self.blocks.insert(Block {
-            address: base,
-            size,
-            requested: 0,
-            stream,
-            pool,
-            prev: None,
-            next: None,
-            state: BlockState::Free,
-            event_count: 0,
-            stream_uses: Vec::new(),
-            gc_base: self.searches[pool.index()],
             mapped: false,
-            range: Some(base),
+            ..Block::free(
+                base,
+                size,
+                stream,
+                pool,
+                self.searches[pool.index()],
+                Some(base),
+            )
         });
         self.unmapped[pool.index()].insert((stream, base, id));
         Ok(Some(id))
@@ -177,19 +162,17 @@ impl<B: Backend> CachingCore<B> {
         if bytes < size {
             let next = self.blocks.get(id).next;
             let rest = self.blocks.insert(Block {
-                address: address + bytes,
-                size: size - bytes,
-                requested: 0,
-                stream,
-                pool,
                 prev: Some(id),
                 next,
-                state: BlockState::Free,
-                event_count: 0,
-                stream_uses: Vec::new(),
-                gc_base: self.searches[p],
                 mapped: false,
-                range,
+                ..Block::free(
+                    address + bytes,
+                    size - bytes,
+                    stream,
+                    pool,
+                    self.searches[p],
+                    range,
+                )
             });
             if let Some(nn) = next {
                 self.blocks.get_mut(nn).prev = Some(rest);
@@ -257,21 +240,8 @@ impl<B: Backend> CachingCore<B> {
         let p = pool.index();
         self.free[p].remove(&(stream, size, address, id));
         let gc_base = self.searches[p];
-        let piece = |address: u64, size: u64| Block {
-            address,
-            size,
-            requested: 0,
-            stream,
-            pool,
-            prev: None,
-            next: None,
-            state: BlockState::Free,
-            event_count: 0,
-            stream_uses: Vec::new(),
-            gc_base,
-            mapped: true,
-            range: Some(base),
-        };
+        let piece =
+            |address: u64, size: u64| Block::free(address, size, stream, pool, gc_base, Some(base));
         if first > address {
             let prev = self.blocks.get(id).prev;
             let before = self.blocks.insert(Block {

@@ -265,7 +265,9 @@ impl<B: Backend> CachingCore<B> {
     }
 
     /// Rule 8, or rule 19b under expandable segments: a free block of at least `rounded`
-    /// bytes, out of the free set, or `None` on out-of-memory.
+    /// bytes, out of the free set, or `None` on out-of-memory. Both count the retry (rule 7d)
+    /// and check the memory fraction with rule 4's segment size `alloc_size` first (PyTorch
+    /// checks that size under expandable segments too).
     fn new_memory(
         &mut self,
         pool: Pool,
@@ -274,10 +276,18 @@ impl<B: Backend> CachingCore<B> {
         rounded: u64,
         is_retry: bool,
     ) -> Result<Option<BlockId>, Error> {
+        if is_retry {
+            self.stats.num_alloc_retries += 1;
+        }
+        if let Some(allowed) = self.allowed_max
+            && self.reserved.saturating_add(alloc_size) > allowed
+        {
+            return Ok(None);
+        }
         if self.settings.expandable_segments {
-            self.grow(pool, stream, alloc_size, rounded, is_retry)
+            self.grow(pool, stream, rounded)
         } else {
-            self.alloc_segment(pool, stream, alloc_size, is_retry)
+            self.alloc_segment(pool, stream, alloc_size)
         }
     }
 
@@ -354,16 +364,7 @@ impl<B: Backend> CachingCore<B> {
         pool: Pool,
         stream: StreamId,
         size: u64,
-        is_retry: bool,
     ) -> Result<Option<BlockId>, Error> {
-        if is_retry {
-            self.stats.num_alloc_retries += 1;
-        }
-        if let Some(allowed) = self.allowed_max
-            && self.reserved.saturating_add(size) > allowed
-        {
-            return Ok(None);
-        }
         let address = match self.backend.allocate(size) {
             Ok(a) => a,
             Err(BackendError::OutOfMemory) => return Ok(None),
@@ -377,21 +378,14 @@ impl<B: Backend> CachingCore<B> {
         }
         self.stats.num_device_alloc += 1;
         self.trace(TraceAction::SegmentAlloc, address, size, stream);
-        let id = self.blocks.insert(Block {
+        let id = self.blocks.insert(Block::free(
             address,
             size,
-            requested: 0,
             stream,
             pool,
-            prev: None,
-            next: None,
-            state: BlockState::Free,
-            event_count: 0,
-            stream_uses: Vec::new(),
-            gc_base: self.searches[pool.index()],
-            mapped: true,
-            range: None,
-        });
+            self.searches[pool.index()],
+            None,
+        ));
         Ok(Some(id))
     }
 
@@ -420,19 +414,16 @@ impl<B: Backend> CachingCore<B> {
         };
         if split {
             let rest = self.blocks.insert(Block {
-                address: address + rounded,
-                size: remaining,
-                requested: 0,
-                stream,
-                pool,
                 prev: Some(id),
                 next,
-                state: BlockState::Free,
-                event_count: 0,
-                stream_uses: Vec::new(),
-                gc_base,
-                mapped: true,
-                range: in_range,
+                ..Block::free(
+                    address + rounded,
+                    remaining,
+                    stream,
+                    pool,
+                    gc_base,
+                    in_range,
+                )
             });
             if let Some(n) = next {
                 self.blocks.get_mut(n).prev = Some(rest);
