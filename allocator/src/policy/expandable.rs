@@ -58,18 +58,19 @@ impl<B: Backend> CachingCore<B> {
         if self.reserved.saturating_add(need) <= limit {
             return Ok(());
         }
+        // The free block where rule 19b's growth would start is kept: unmapping it would only
+        // have the growth map it again.
+        let start = self
+            .grow_start(pool, stream, rounded)
+            .filter(|&id| self.blocks.get(id).mapped);
         let mut listed: Vec<(u64, u64, BlockId)> = Vec::new();
         for set in &self.free {
             for &(_, _, _, id) in set {
-                let b = self.blocks.get(id);
-                let Some((first, end)) = self.whole_pages(id) else {
+                if Some(id) == start {
                     continue;
-                };
-                let grows_here = b.pool == pool
-                    && b.stream == stream
-                    && b.next.is_some_and(|n| !self.blocks.get(n).mapped);
-                if !grows_here {
-                    listed.push((end - first, b.address, id));
+                }
+                if let Some((first, end)) = self.whole_pages(id) {
+                    listed.push((end - first, self.blocks.get(id).address, id));
                 }
             }
         }
