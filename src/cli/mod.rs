@@ -134,7 +134,9 @@ pub struct CompareArgs {
     pub traces: Vec<PathBuf>,
     /// Settings to compare, in PYTORCH_CUDA_ALLOC_CONF syntax (repeat the option for more).
     /// The first column is always the baseline: PyTorch's defaults plus the settings each
-    /// trace was recorded with.
+    /// trace was recorded with. Without any, the columns are the baseline, PyTorch with
+    /// expandable segments, and cachalot's own policy. "driver calls" counts device
+    /// allocations and frees, or page map and unmap steps under expandable segments.
     #[arg(long, value_name = "CONF")]
     pub config: Vec<String>,
     /// Apply each --config over PyTorch's defaults instead of cachalot's.
