@@ -140,12 +140,13 @@ pub fn trace_entries(history: &[TraceEvent]) -> Vec<TraceEntry> {
         .collect()
 }
 
-/// The settings as a snapshot records them: the canonical configuration string (which
-/// [`Settings::apply`] reads back, memory fraction included) and the parsed values PyTorch
-/// also writes.
+/// The settings as a snapshot records them: the configuration string over PyTorch's defaults
+/// (which `Settings::pytorch().apply` reads back, memory fraction included; PyTorch keys only
+/// for PyTorch's own knobs, cachalot's keys spelled out for cachalot's policy) and the parsed
+/// values PyTorch also writes.
 pub fn allocator_settings(settings: &Settings) -> AllocatorSettings {
     AllocatorSettings {
-        alloc_conf: settings.to_string(),
+        alloc_conf: settings.config_over(&Settings::pytorch()),
         max_split_size: (settings.max_split_size != u64::MAX).then_some(settings.max_split_size),
         garbage_collection_threshold: settings.garbage_collection_threshold,
         expandable_segments: settings.expandable_segments,

@@ -101,13 +101,26 @@ pub struct ReplayOptions {
     /// The allocator's `max_split_size` in bytes, if one was set (a cached block at least this
     /// large never serves a smaller request).
     pub max_split_size: Option<u64>,
+    /// Whether the allocator reclaims before growing (cachalot's rule 20: expandable segments
+    /// with `reclaim_headroom`): then a run of page unmaps directly followed by page maps and
+    /// an allocation is that allocation's own reclaim, which the replayed allocator makes by
+    /// itself, not the program's `empty_cache()`.
+    pub reclaims: bool,
 }
 
 impl ReplayOptions {
     /// The options matching a snapshot's recorded allocator settings (defaults when `None`).
+    /// Reclaiming is read off the recorded configuration string, applied over PyTorch's
+    /// defaults (cachalot writes its own keys there; PyTorch's strings never name them).
     pub fn from_settings(settings: Option<&AllocatorSettings>) -> ReplayOptions {
+        let reclaims = settings.is_some_and(|s| {
+            cachalot::Settings::pytorch()
+                .apply(&s.alloc_conf)
+                .is_ok_and(|c| c.expandable_segments && c.reclaim_headroom.is_some())
+        });
         ReplayOptions {
             max_split_size: settings.and_then(|s| s.max_split_size),
+            reclaims,
         }
     }
 }
@@ -181,6 +194,11 @@ const SMALL_REQUEST: u64 = 1 << 20;
 ///    device allocation would have succeeded without releasing anything, as the same device
 ///    once held that much. Reserved bytes are counted from the start of the trace, so the
 ///    segments held before recording began shift both sides equally.)
+///
+/// Under cachalot's rule 20 ([`ReplayOptions::reclaims`]) a run of `segment_unmap` entries
+/// alone, directly followed by `segment_map` entries and an `alloc`, is that allocation's
+/// reclaim and is left out too (an `empty_cache()` called right before such an allocation would
+/// be taken for one).
 ///
 /// A run followed by an `oom` entry is PyTorch releasing its cache before failing an
 /// allocation: it is left out, and the failed allocation is replayed as an `Alloc` (which
@@ -408,7 +426,8 @@ fn is_internal_release(
     let entries = &trace.entries;
     // Under expandable segments (rule 19) the retry maps pages (one or more `segment_map`)
     // and then allocates; whether a released page could have served it is not asked (pages
-    // are not blocks): the device being full decides.
+    // are not blocks): the device being full decides — or, under cachalot's rule 20, a run of
+    // unmaps alone is the allocation's reclaim.
     if entries
         .get(end)
         .is_some_and(|e| e.action == Action::SegmentMap)
@@ -419,8 +438,12 @@ fn is_internal_release(
             mapped += i128::from(m.size);
             j += 1;
         }
+        let reclaim = options.reclaims
+            && entries[start..end]
+                .iter()
+                .all(|e| e.action == Action::SegmentUnmap);
         return entries.get(j).is_some_and(|a| a.action == Action::Alloc)
-            && reserved_before[start] + mapped > peak;
+            && (reclaim || reserved_before[start] + mapped > peak);
     }
     let (Some(seg), Some(alloc)) = (entries.get(end), entries.get(end + 1)) else {
         return false;
