@@ -23,6 +23,8 @@ pub fn settings(knobs: &Knobs) -> Settings {
     s.per_process_memory_fraction = knobs.memory_fraction;
     s.thread_cache_blocks = knobs.thread_cache_blocks;
     s.expandable_segments = knobs.expandable_segments;
+    s.expandable_page_size = knobs.expandable_page;
+    s.reclaim_headroom = knobs.reclaim_headroom;
     s
 }
 
@@ -45,6 +47,8 @@ impl Knobs {
             thread_cache_blocks: settings.thread_cache_blocks,
             address_script: Vec::new(),
             expandable_segments: settings.expandable_segments,
+            expandable_page: settings.expandable_page_size,
+            reclaim_headroom: settings.reclaim_headroom,
         };
         let back = self::settings(&knobs);
         if back != *settings {
