@@ -171,6 +171,9 @@ impl<B: Backend> CachingCore<B> {
                 s.requested_bytes.increase(pool, requested);
             }
             address += size;
+            self.requested_high_water = self
+                .requested_high_water
+                .max(self.stats.requested_bytes.all.current.max(0) as u64);
         }
         for &(i, stream, event) in recorded {
             self.events

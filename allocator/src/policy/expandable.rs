@@ -10,15 +10,16 @@ use crate::backend::{Backend, BackendError, StreamId};
 use crate::block::{Block, BlockId, BlockState};
 use crate::error::Error;
 use crate::history::TraceAction;
-use crate::sizes::{LARGE_BUFFER, Pool, SMALL_BUFFER};
+use crate::sizes::{Pool, SMALL_BUFFER};
 
 use super::{CachingCore, Range};
 
-/// The page of a range (rule 19): 2 MiB in the small pool, 20 MiB in the large pool.
-pub(crate) fn page_size(pool: Pool) -> u64 {
+/// The page of a range (rule 19): 2 MiB in the small pool, `large` (the setting
+/// `expandable_page_mb`; PyTorch's 20 MiB unless set) in the large pool.
+pub(crate) fn page_size(pool: Pool, large: u64) -> u64 {
     match pool {
         Pool::Small => SMALL_BUFFER,
-        Pool::Large => LARGE_BUFFER,
+        Pool::Large => large,
     }
 }
 
@@ -31,6 +32,69 @@ pub(crate) fn range_size(capacity: u64, page: u64) -> u64 {
 }
 
 impl<B: Backend> CachingCore<B> {
+    /// The page of the pool's ranges under these settings (rule 19).
+    fn page_of(&self, pool: Pool) -> u64 {
+        page_size(pool, self.settings.expandable_page_size)
+    }
+
+    /// Rule 20: before growing for a request of `size` bytes (`rounded`, `pool`, `stream`),
+    /// unmap free pages left between live blocks — largest first — until reserved memory plus
+    /// the request's pages fits within `headroom` of the requested high-water.
+    pub(super) fn reclaim(
+        &mut self,
+        pool: Pool,
+        stream: StreamId,
+        rounded: u64,
+        size: u64,
+        headroom: f64,
+    ) -> Result<(), Error> {
+        let current = self.stats.requested_bytes.all.current.max(0) as u64;
+        let w = self
+            .requested_high_water
+            .max(current.saturating_add(size));
+        let limit = w.saturating_add((w as f64 * headroom).floor() as u64);
+        let page = self.page_of(pool);
+        let need = rounded.div_ceil(page).saturating_mul(page);
+        if self.reserved.saturating_add(need) <= limit {
+            return Ok(());
+        }
+        // The free block where rule 19b's growth would start is kept: unmapping it would only
+        // have the growth map it again.
+        let start = self
+            .grow_start(pool, stream, rounded)
+            .filter(|&id| self.blocks.get(id).mapped);
+        let mut listed: Vec<(u64, u64, BlockId)> = Vec::new();
+        for set in &self.free {
+            for &(_, _, _, id) in set {
+                if Some(id) == start {
+                    continue;
+                }
+                if let Some((first, end)) = self.whole_pages(id) {
+                    listed.push((end - first, self.blocks.get(id).address, id));
+                }
+            }
+        }
+        listed.sort_unstable_by_key(|&(bytes, address, _)| (std::cmp::Reverse(bytes), address));
+        for (_, _, id) in listed {
+            if self.reserved.saturating_add(need) <= limit {
+                break;
+            }
+            self.unmap_block(id)?;
+        }
+        Ok(())
+    }
+
+    /// The whole pages of its range inside the block `id`, as `(first, end)` addresses; `None`
+    /// for a block of no range or one that holds no whole page.
+    fn whole_pages(&self, id: BlockId) -> Option<(u64, u64)> {
+        let b = self.blocks.get(id);
+        let base = b.range?;
+        let page = self.ranges[&base].page;
+        let first = base + (b.address - base).div_ceil(page) * page;
+        let end = base + (b.address + b.size - base) / page * page;
+        (first < end).then_some((first, end))
+    }
+
     /// Rule 19a: a block's reach — its size, plus the next block's when that one is unmapped.
     pub(super) fn reach(&self, id: BlockId) -> u64 {
         let b = self.blocks.get(id);
@@ -113,7 +177,7 @@ impl<B: Backend> CachingCore<B> {
     /// Rule 19b: reserve a new range for the pool and stream: one unmapped block (`None` on a
     /// device with no memory at all, where the range would be empty).
     fn new_range(&mut self, pool: Pool, stream: StreamId) -> Result<Option<BlockId>, Error> {
-        let page = page_size(pool);
+        let page = self.page_of(pool);
         let capacity = self.backend.mem_info()?.total;
         let size = range_size(capacity, page);
         if size == 0 {
@@ -147,7 +211,7 @@ impl<B: Backend> CachingCore<B> {
         };
         let page = range
             .and_then(|r| self.ranges.get(&r))
-            .map_or(page_size(pool), |r| r.page);
+            .map_or(self.page_of(pool), |r| r.page);
         let bytes = n.div_ceil(page).saturating_mul(page).min(size);
         if bytes == 0 {
             return Ok(None);
@@ -229,12 +293,9 @@ impl<B: Backend> CachingCore<B> {
                 .expect("rule 19e: only blocks of ranges are unmapped");
             (b.address, b.size, b.pool, b.stream, base)
         };
-        let page = self.ranges[&base].page;
-        let first = base + (address - base).div_ceil(page) * page;
-        let end = base + (address + size - base) / page * page;
-        if first >= end {
+        let Some((first, end)) = self.whole_pages(id) else {
             return Ok(());
-        }
+        };
         let bytes = end - first;
         self.backend.unmap(first, bytes, stream)?;
         let p = pool.index();

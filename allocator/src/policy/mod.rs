@@ -70,6 +70,19 @@ pub struct SegmentInfo {
     pub blocks: Vec<BlockInfo>,
 }
 
+/// A request that found no cached block (rule 7), as the steps after it need it.
+#[derive(Clone, Copy, Debug)]
+struct Request {
+    pool: Pool,
+    stream: StreamId,
+    /// Rule 4's segment size.
+    alloc_size: u64,
+    /// Rule 2's rounded size.
+    rounded: u64,
+    /// The size asked for.
+    size: u64,
+}
+
 /// The caching allocator's policy over one device backend.
 #[derive(Debug)]
 pub struct CachingCore<B: Backend> {
@@ -93,6 +106,9 @@ pub struct CachingCore<B: Backend> {
     searches: [u64; 2],
     /// The recorded history, when recording is on.
     history: Option<Vec<TraceEvent>>,
+    /// Rule 20's requested high-water `W`: the most the all-pools `requested_bytes` has ever
+    /// been (not lowered by `reset_peak_stats`).
+    requested_high_water: u64,
 }
 
 impl<B: Backend> CachingCore<B> {
@@ -130,6 +146,7 @@ impl<B: Backend> CachingCore<B> {
             allowed_max: None,
             searches: [0; 2],
             history: None,
+            requested_high_water: 0,
         };
         if let Some(f) = fraction {
             core.set_memory_fraction(f)?;
@@ -233,7 +250,7 @@ impl<B: Backend> CachingCore<B> {
 
         let id = match self.get_free_block(pool, stream, rounded) {
             Some(id) => id,
-            None => match self.allocate_when_uncached(pool, stream, alloc_size, rounded)? {
+            None => match self.allocate_when_uncached(pool, stream, alloc_size, rounded, size)? {
                 Some(id) => id,
                 None => return Err(self.out_of_memory(size, rounded, alloc_size, stream)),
             },
@@ -248,34 +265,42 @@ impl<B: Backend> CachingCore<B> {
         stream: StreamId,
         alloc_size: u64,
         rounded: u64,
+        size: u64,
     ) -> Result<Option<BlockId>, Error> {
         if self.gc_enabled() {
             self.garbage_collect()?;
         }
-        if let Some(id) = self.new_memory(pool, stream, alloc_size, rounded, false)? {
+        let request = Request {
+            pool,
+            stream,
+            alloc_size,
+            rounded,
+            size,
+        };
+        if let Some(id) = self.new_memory(request, false)? {
             return Ok(Some(id));
         }
         if self.release_oversize(pool, stream, rounded)?
-            && let Some(id) = self.new_memory(pool, stream, alloc_size, rounded, false)?
+            && let Some(id) = self.new_memory(request, false)?
         {
             return Ok(Some(id));
         }
         self.release_cached()?;
-        self.new_memory(pool, stream, alloc_size, rounded, true)
+        self.new_memory(request, true)
     }
 
     /// Rule 8, or rule 19b under expandable segments: a free block of at least `rounded`
     /// bytes, out of the free set, or `None` on out-of-memory. Both count the retry (rule 7d)
     /// and check the memory fraction with rule 4's segment size `alloc_size` first (PyTorch
     /// checks that size under expandable segments too).
-    fn new_memory(
-        &mut self,
-        pool: Pool,
-        stream: StreamId,
-        alloc_size: u64,
-        rounded: u64,
-        is_retry: bool,
-    ) -> Result<Option<BlockId>, Error> {
+    fn new_memory(&mut self, request: Request, is_retry: bool) -> Result<Option<BlockId>, Error> {
+        let Request {
+            pool,
+            stream,
+            alloc_size,
+            rounded,
+            size,
+        } = request;
         if is_retry {
             self.stats.num_alloc_retries += 1;
         }
@@ -285,6 +310,9 @@ impl<B: Backend> CachingCore<B> {
             return Ok(None);
         }
         if self.settings.expandable_segments {
+            if let Some(headroom) = self.settings.reclaim_headroom {
+                self.reclaim(pool, stream, rounded, size, headroom)?;
+            }
             self.grow(pool, stream, rounded)
         } else {
             self.alloc_segment(pool, stream, alloc_size)
@@ -459,6 +487,9 @@ impl<B: Backend> CachingCore<B> {
         s.active.increase(pool, 1);
         s.active_bytes.increase(pool, size);
         s.requested_bytes.increase(pool, requested);
+        self.requested_high_water = self
+            .requested_high_water
+            .max(s.requested_bytes.all.current.max(0) as u64);
         if size >= max_split {
             s.oversize_allocations.increase(1);
         }

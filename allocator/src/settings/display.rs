@@ -7,7 +7,9 @@ use super::*;
 
 impl fmt::Display for Settings {
     /// The canonical configuration string: the keys whose value differs from PyTorch's
-    /// defaults, in a fixed order, comma-separated without spaces (the empty string for the
+    /// defaults — and, for the keys whose default is cachalot's own (`expandable_segments`,
+    /// `thread_cache_blocks`, `expandable_page_mb`, `reclaim_headroom`), from cachalot's
+    /// defaults, which [`Settings::parse`] starts from — in a fixed order, comma-separated without spaces (the empty string for the
     /// defaults). For any settings produced by [`Settings::parse`] (or the setters),
     /// `Settings::parse(&s.to_string()) == Ok(s)`. `roundup_power2_divisions` is printed in
     /// the compact form when all intervals hold the same power of two, else as a list that
@@ -43,7 +45,8 @@ impl fmt::Display for Settings {
                 format_divisions(&self.roundup_power2_divisions)
             ));
         }
-        if self.expandable_segments != d.expandable_segments {
+        let c = Settings::cachalot();
+        if self.expandable_segments != c.expandable_segments {
             parts.push(format!(
                 "{}:{}",
                 Key::ExpandableSegments.name(),
@@ -56,9 +59,23 @@ impl fmt::Display for Settings {
         if self.backend != d.backend {
             parts.push(format!("{}:{}", Key::Backend.name(), self.backend));
         }
-        // cachalot's own key: omitted when equal to the default that `parse` starts from, so
-        // that the defaults display as the empty string and every value round-trips.
-        if self.thread_cache_blocks != THREAD_CACHE_BLOCKS {
+        // cachalot's own keys (and expandable_segments above): omitted when equal to the
+        // default that `parse` starts from, so that the defaults display as the empty string
+        // and every value round-trips.
+        if self.expandable_page_size != c.expandable_page_size {
+            parts.push(format!(
+                "{}:{}",
+                Key::ExpandablePage.name(),
+                self.expandable_page_size / MIB
+            ));
+        }
+        if self.reclaim_headroom != c.reclaim_headroom {
+            parts.push(match self.reclaim_headroom {
+                Some(h) => format!("{}:{}", Key::ReclaimHeadroom.name(), h),
+                None => format!("{}:off", Key::ReclaimHeadroom.name()),
+            });
+        }
+        if self.thread_cache_blocks != c.thread_cache_blocks {
             parts.push(format!(
                 "{}:{}",
                 Key::ThreadCacheBlocks.name(),

@@ -27,6 +27,8 @@
 //! | `per_process_memory_fraction` | decimal in \[0, 1\] | [`Settings::per_process_memory_fraction`] |
 //! | `backend` | `native` / `cudaMallocAsync` | [`Settings::backend`] |
 //! | `thread_cache_blocks` | integer ≤ 1024 (cachalot's own key) | [`Settings::thread_cache_blocks`] |
+//! | `expandable_page_mb` | even integer in \[2, 1024\] (cachalot's own key) | [`Settings::expandable_page_size`] = N MiB |
+//! | `reclaim_headroom` | decimal in \[0, 1\], or `off` (cachalot's own key) | [`Settings::reclaim_headroom`] |
 //! | `release_lock_on_cudamalloc` | `True` / `False` | nothing: only `False` is accepted (below) |
 //! | `pinned_use_cuda_host_register` | `True` / `False` | nothing: only `False` is accepted (below) |
 //! | `pinned_num_register_threads` | power of two ≤ 128 | nothing: only `1` is accepted (below) |
@@ -88,6 +90,14 @@ const MIN_SIZE_MB: u64 = 20;
 const MAX_SIZE_MB: u64 = u64::MAX / MIB;
 /// The number of power-of-two intervals of `roundup_power2_divisions`.
 const INTERVALS: usize = 16;
+/// The largest `expandable_page_mb`.
+const MAX_PAGE_MB: u64 = 1024;
+/// PyTorch's large-pool page of expandable segments (`kLargeBuffer`), 20 MiB.
+pub const PYTORCH_EXPANDABLE_PAGE: u64 = 20 * MIB;
+/// cachalot's large-pool page of expandable segments (rule 21), 2 MiB.
+pub const CACHALOT_EXPANDABLE_PAGE: u64 = 2 * MIB;
+/// cachalot's default for [`Settings::reclaim_headroom`] (rule 21): 2.5 %.
+pub const RECLAIM_HEADROOM: f64 = 0.025;
 /// The largest value of `pinned_num_register_threads`.
 const MAX_REGISTER_THREADS: u64 = 128;
 
@@ -166,6 +176,17 @@ pub struct Settings {
     /// ARCHITECTURE.md). `0` (PyTorch's behaviour, [`Settings::pytorch`]) turns them off;
     /// cachalot's default is [`THREAD_CACHE_BLOCKS`].
     pub thread_cache_blocks: u32,
+    /// cachalot's own knob: the large pool's page of expandable segments, in bytes (rule 19;
+    /// `expandable_page_mb`). PyTorch's is [`PYTORCH_EXPANDABLE_PAGE`] (20 MiB), cachalot's
+    /// [`CACHALOT_EXPANDABLE_PAGE`] (2 MiB: less memory past the end of the last block, more map
+    /// calls). The small pool's page is always 2 MiB.
+    pub expandable_page_size: u64,
+    /// cachalot's own policy: reclaim before growing (rule 20; `reclaim_headroom`). With
+    /// `Some(h)`, before an expandable range grows past `(1 + h)` times the most bytes the
+    /// program has ever asked for at once, free pages left in holes between live blocks are
+    /// unmapped first. `None` (PyTorch's behaviour) turns it off; cachalot's default is
+    /// [`RECLAIM_HEADROOM`]. Acts only with [`Settings::expandable_segments`].
+    pub reclaim_headroom: Option<f64>,
 }
 
 /// cachalot's default for [`Settings::thread_cache_blocks`].
@@ -260,18 +281,28 @@ impl Settings {
             per_process_memory_fraction: None,
             backend: AllocatorBackend::Native,
             thread_cache_blocks: 0,
+            expandable_page_size: PYTORCH_EXPANDABLE_PAGE,
+            reclaim_headroom: None,
         }
     }
 
-    /// cachalot's own defaults, also [`Default`]. They start from PyTorch's
-    /// ([`Settings::pytorch`]) and depart from them in one way, documented here:
+    /// cachalot's own defaults, also [`Default`] (rule 21 of ARCHITECTURE.md). They start from
+    /// PyTorch's ([`Settings::pytorch`]) and depart from them in these ways:
     ///
     /// * `thread_cache_blocks` is [`THREAD_CACHE_BLOCKS`]: each thread keeps up to that many
     ///   of the blocks it freed, and hands them straight back to its own requests of the same
-    ///   size on the same stream (rule 17 of ARCHITECTURE.md, checked against the model).
+    ///   size on the same stream (rule 17, checked against the model).
+    /// * `expandable_segments` is on, with [`CACHALOT_EXPANDABLE_PAGE`] pages in the large pool
+    ///   too (rule 19), and `reclaim_headroom` is [`RECLAIM_HEADROOM`] (rule 20): reserved
+    ///   memory stays close to the most the program ever asked for. This needs a backend with
+    ///   virtual memory ([`crate::Backend::virtual_memory`]); on one without, use
+    ///   `Settings::pytorch()` (plus `thread_cache_blocks:8`).
     pub fn cachalot() -> Settings {
         Settings {
             thread_cache_blocks: THREAD_CACHE_BLOCKS,
+            expandable_segments: true,
+            expandable_page_size: CACHALOT_EXPANDABLE_PAGE,
+            reclaim_headroom: Some(RECLAIM_HEADROOM),
             ..Settings::pytorch()
         }
     }

@@ -104,6 +104,19 @@ impl Settings {
                 }
                 self.thread_cache_blocks = n as u32;
             }
+            Key::ExpandablePage => {
+                let v = scalar(cursor, key)?;
+                self.expandable_page_size =
+                    check_page_mb(parse_u64(key, v)?).map_err(|r| invalid(key, v, r))? * MIB;
+            }
+            Key::ReclaimHeadroom => {
+                let v = scalar(cursor, key)?;
+                self.reclaim_headroom = if v == "off" {
+                    None
+                } else {
+                    Some(check_fraction(parse_f64(key, v)?).map_err(|r| invalid(key, v, r))?)
+                };
+            }
             Key::Backend => {
                 let v = scalar(cursor, key)?;
                 self.backend = match v {
@@ -136,11 +149,13 @@ pub(super) enum Key {
     PinnedBackground,
     Backend,
     ThreadCacheBlocks,
+    ExpandablePage,
+    ReclaimHeadroom,
 }
 
 impl Key {
     /// Every key.
-    pub(super) const ALL: [Key; 12] = [
+    pub(super) const ALL: [Key; 14] = [
         Key::MaxSplitSize,
         Key::MaxNonSplitRounding,
         Key::GcThreshold,
@@ -153,6 +168,8 @@ impl Key {
         Key::PinnedBackground,
         Key::Backend,
         Key::ThreadCacheBlocks,
+        Key::ExpandablePage,
+        Key::ReclaimHeadroom,
     ];
 
     /// The key as written in a configuration string.
@@ -170,6 +187,8 @@ impl Key {
             Key::PinnedBackground => "pinned_use_background_threads",
             Key::Backend => "backend",
             Key::ThreadCacheBlocks => "thread_cache_blocks",
+            Key::ExpandablePage => "expandable_page_mb",
+            Key::ReclaimHeadroom => "reclaim_headroom",
         }
     }
 
@@ -255,6 +274,15 @@ pub(super) fn check_fraction(x: f64) -> Result<f64, &'static str> {
         Ok(x + 0.0)
     } else {
         Err("must be in [0.0, 1.0]")
+    }
+}
+
+/// `expandable_page_mb` (rule 19's large-pool page): an even number of MiB in [2, 1024].
+pub(super) fn check_page_mb(mb: u64) -> Result<u64, &'static str> {
+    if (2..=MAX_PAGE_MB).contains(&mb) && mb % 2 == 0 {
+        Ok(mb)
+    } else {
+        Err("must be an even number in [2, 1024]")
     }
 }
 

@@ -73,18 +73,57 @@ fn pytorch_defaults_are_those_of_pytorch_2() {
 }
 
 #[test]
-fn cachalot_defaults_differ_from_pytorchs_only_in_the_thread_caches() {
-    // Display omits keys equal to PyTorch's defaults while parse starts from cachalot's:
-    // the one key where they differ, thread_cache_blocks, is compared with cachalot's.
+fn cachalot_defaults_are_pytorchs_plus_thread_caches_expandable_2_mib_pages_and_reclaim() {
+    // Rule 21. Display compares the keys where the two defaults differ with cachalot's (parse
+    // starts from cachalot's), every other key with PyTorch's.
     assert_eq!(Settings::default(), Settings::cachalot());
     assert_eq!(
         Settings::cachalot(),
         Settings {
             thread_cache_blocks: THREAD_CACHE_BLOCKS,
+            expandable_segments: true,
+            expandable_page_size: 2 * MB,
+            reclaim_headroom: Some(0.025),
             ..Settings::pytorch()
         }
     );
     assert_eq!(Settings::pytorch().thread_cache_blocks, 0);
+    assert_eq!(Settings::pytorch().expandable_page_size, 20 * MB);
+    assert_eq!(Settings::pytorch().reclaim_headroom, None);
+    assert_eq!(
+        Settings::pytorch().to_string(),
+        "expandable_segments:False,expandable_page_mb:20,reclaim_headroom:off,thread_cache_blocks:0"
+    );
+    assert_eq!(
+        Settings::parse(&Settings::pytorch().to_string()),
+        Ok(Settings::pytorch())
+    );
+}
+
+#[test]
+fn expandable_page_mb_takes_even_mib_from_2_to_1024() {
+    assert_eq!(parse("expandable_page_mb:20").expandable_page_size, 20 * MB);
+    assert_eq!(parse("expandable_page_mb:2").expandable_page_size, 2 * MB);
+    assert_eq!(parse("expandable_page_mb:1024").expandable_page_size, 1024 * MB);
+    for bad in ["0", "1", "3", "1026", "2048", "-2", "2.0"] {
+        assert!(
+            Settings::parse(&format!("expandable_page_mb:{bad}")).is_err(),
+            "{bad} accepted"
+        );
+    }
+}
+
+#[test]
+fn reclaim_headroom_takes_a_fraction_or_off() {
+    assert_eq!(parse("reclaim_headroom:0.1").reclaim_headroom, Some(0.1));
+    assert_eq!(parse("reclaim_headroom:0").reclaim_headroom, Some(0.0));
+    assert_eq!(parse("reclaim_headroom:off").reclaim_headroom, None);
+    for bad in ["1.5", "-0.1", "nan", "Off", "none", ""] {
+        assert!(
+            Settings::parse(&format!("reclaim_headroom:{bad}")).is_err(),
+            "{bad} accepted"
+        );
+    }
 }
 
 #[test]
@@ -278,7 +317,7 @@ fn decimal_forms_with_exponents_and_bare_points_are_accepted() {
 
 #[test]
 fn apply_keeps_what_the_string_does_not_mention() {
-    let base = parse("max_split_size_mb:64,roundup_power2_divisions:4");
+    let base = parse("max_split_size_mb:64,roundup_power2_divisions:4,expandable_segments:False");
     let s = base.apply("expandable_segments:True").expect("valid");
     assert_eq!(s.max_split_size, 64 * MB);
     assert_eq!(s.roundup_power2_divisions, [4; 16]);
@@ -859,12 +898,11 @@ fn from_env_parses_the_value_and_refuses_non_unicode() {
 #[test]
 fn the_defaults_display_as_the_empty_string() {
     assert_eq!(Settings::default().to_string(), "");
-    // PyTorch's settings differ from cachalot's in the thread caches only.
-    assert_eq!(Settings::pytorch().to_string(), "thread_cache_blocks:0");
-    assert_eq!(
-        Settings::parse("thread_cache_blocks:0"),
-        Ok(Settings::pytorch())
-    );
+    // PyTorch's settings differ from cachalot's in rule 21's four keys.
+    let pytorch = "expandable_segments:False,expandable_page_mb:20,reclaim_headroom:off,\
+                   thread_cache_blocks:0";
+    assert_eq!(Settings::pytorch().to_string(), pytorch);
+    assert_eq!(Settings::parse(pytorch), Ok(Settings::pytorch()));
     assert_eq!(
         Settings::parse("thread_cache_blocks:1025").unwrap_err(),
         SettingsError::InvalidValue {
@@ -910,7 +948,7 @@ fn hand_written_settings_display_canonically_and_parse_back() {
         ),
         (
             "backend:cudaMallocAsync,expandable_segments:True,per_process_memory_fraction:1",
-            "expandable_segments:True,per_process_memory_fraction:1,backend:cudaMallocAsync",
+            "per_process_memory_fraction:1,backend:cudaMallocAsync",
         ),
         (
             "pinned_num_register_threads:1,pinned_use_cuda_host_register:False,\
@@ -922,7 +960,12 @@ fn hand_written_settings_display_canonically_and_parse_back() {
             "per_process_memory_fraction:0",
             "per_process_memory_fraction:0",
         ),
-        ("expandable_segments:False", ""),
+        ("expandable_segments:True", ""),
+        ("expandable_segments:False", "expandable_segments:False"),
+        (
+            "reclaim_headroom:0.10,expandable_page_mb:020",
+            "expandable_page_mb:20,reclaim_headroom:0.1",
+        ),
         (
             "max_split_size_mb:99999999999999999",
             "max_split_size_mb:17592186044415",
@@ -1080,8 +1123,10 @@ fn valid_settings() -> impl Strategy<Value = Settings> {
             Just(AllocatorBackend::Native),
             Just(AllocatorBackend::CudaMallocAsync)
         ],
+        (1u64..=512).prop_map(|n| n * 2 * MB),
+        prop::option::of(0.0f64..=1.0),
     )
-        .prop_map(|(msz, nsr, gc, table, exp, frac, backend)| Settings {
+        .prop_map(|(msz, nsr, gc, table, exp, frac, backend, page, reclaim)| Settings {
             max_split_size: msz,
             max_non_split_rounding_size: nsr,
             garbage_collection_threshold: gc,
@@ -1090,6 +1135,8 @@ fn valid_settings() -> impl Strategy<Value = Settings> {
             per_process_memory_fraction: frac,
             backend,
             thread_cache_blocks: (msz % 4) as u32 * 7,
+            expandable_page_size: page,
+            reclaim_headroom: reclaim,
         })
 }
 
