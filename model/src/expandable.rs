@@ -142,7 +142,7 @@ impl Model {
     /// unmapped blocks of the pool's ranges of that stream, in address order, the first that
     /// — or whose previous block, when that one is free — begins a run of free or unmapped
     /// blocks of at least `rounded` bytes. The run's first address.
-    fn find_start(&self, pool: Pool, stream: u64, rounded: u64) -> Option<u64> {
+    pub(crate) fn find_start(&self, pool: Pool, stream: u64, rounded: u64) -> Option<u64> {
         // The segments are sorted by address, so this visits unmapped blocks in address order.
         for segment in &self.segments {
             if !segment.expandable || segment.pool != pool || segment.stream != stream {

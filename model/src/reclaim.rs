@@ -2,7 +2,8 @@
 //!
 //! The one rule: when rule 19b is about to grow a range and reserved memory would then exceed
 //! the *limit* — the requested high-water plus `H` of it — free mapped blocks of ranges first
-//! unmap their whole pages (as rule 19e does), largest first, until it would not. Holes left
+//! unmap their whole pages (as rule 19e does), largest first, until it would not — all but
+//! the free block rule 19b would grow from. Holes left
 //! between live blocks are handed back before new memory is asked for.
 //!
 //! The model's reading of the rule where its text leaves a choice (each also named in the
@@ -10,14 +11,15 @@
 //! - rule 20 runs at the very start of every rule 19b call (rules 7b, 7c, 7d), before rule
 //!   19b's memory-fraction check, and whether or not rule 19b will then map anything;
 //! - "largest first, then by address" is by ascending address among equal page bytes;
-//! - a free block that is the last block of its range has no next block, so it is never the
-//!   excluded block "whose next block is unmapped";
+//! - the excluded start is found as rule 19b finds it, from the state before reclaiming,
+//!   once, and whatever rule 19b's memory-fraction check would say;
 //! - the stop test is made before each unmap (the first one already failed), and the list is
 //!   made once, before any unmap, from the state at that moment.
 
 use crate::Model;
 use crate::expandable::whole_pages;
 use crate::rules::Pool;
+use crate::state;
 
 /// One block rule 20 may unmap: the bytes of the whole pages inside it and its address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,7 +53,7 @@ impl Model {
             return;
         }
         // Listed once, before any change.
-        for candidate in self.reclaim_candidates(pool, stream) {
+        for candidate in self.reclaim_candidates(pool, stream, rounded) {
             // Stop as soon as reserved_bytes + need ≤ limit (else when the list is done).
             if !over(self) {
                 break;
@@ -73,21 +75,29 @@ impl Model {
         u128::from(w) + u128::from(extra)
     }
 
-    /// Rule 20's candidates for a growth in `pool` on `stream`: the free mapped blocks of every
-    /// range (both pools, every stream) holding at least one whole page of their range, except
-    /// those of `pool` and `stream` whose next block is unmapped (growth starts there, rule
-    /// 19b); ordered by their whole-page bytes, largest first, then by address.
-    pub(crate) fn reclaim_candidates(&self, pool: Pool, stream: u64) -> Vec<Candidate> {
+    /// Rule 20's candidates for a growth of `rounded` bytes in `pool` on `stream`: the free
+    /// mapped blocks of every range (both pools, every stream) holding at least one whole page
+    /// of their range, except rule 19b's start for this request when it is a free block
+    /// (found as rule 19b finds it, before reclaiming: unmapping it would only have the growth
+    /// map it again); ordered by their whole-page bytes, largest first, then by address.
+    pub(crate) fn reclaim_candidates(
+        &self,
+        pool: Pool,
+        stream: u64,
+        rounded: u64,
+    ) -> Vec<Candidate> {
+        // The start is an unmapped block, a free block, or none (a new range): only a free
+        // one is excluded.
+        let start = self.find_start(pool, stream, rounded).filter(|&address| {
+            let (s, b) = state::find_block(&self.segments, address).expect("the start exists");
+            self.segments[s].blocks[b].in_free_set()
+        });
         let mut candidates = Vec::new();
         for range in self.segments.iter().filter(|s| s.expandable) {
             let page = self.page_size(range.pool);
-            for (i, block) in range.blocks.iter().enumerate() {
-                if !block.in_free_set() {
-                    // Allocated and pending blocks are not free; unmapped ones hold nothing.
-                    continue;
-                }
-                let next_unmapped = range.blocks.get(i + 1).is_some_and(|n| !n.mapped);
-                if range.pool == pool && range.stream == stream && next_unmapped {
+            for block in &range.blocks {
+                // Allocated and pending blocks are not free; unmapped ones hold nothing.
+                if !block.in_free_set() || Some(block.address) == start {
                     continue;
                 }
                 let end = block.address + block.size;
@@ -271,7 +281,7 @@ mod tests {
         // Candidates for stream 0's large pool: stream 1's 4 MiB (two pages) first, then
         // the small pool's block (one whole page, 2..4 MiB).
         let candidates: Vec<(u64, u64)> = m
-            .reclaim_candidates(Pool::Large, 0)
+            .reclaim_candidates(Pool::Large, 0, 8 * MIB)
             .iter()
             .map(|c| (c.page_bytes, c.address - BASE))
             .collect();
@@ -280,7 +290,7 @@ mod tests {
             vec![(4 * MIB, 4 * MIB), (2 * MIB, 1152 * MIB + 512)]
         );
         // For stream 1's large pool, its own block is where growth starts: excluded.
-        assert_eq!(m.reclaim_candidates(Pool::Large, 1).len(), 1);
+        assert_eq!(m.reclaim_candidates(Pool::Large, 1, 8 * MIB).len(), 1);
         // W = 8 MiB, requested 4 MiB + 512: for 8 MiB more, w = limit = 12 MiB + 512;
         // 12 + 8 > limit; after both (6 + 8) still above: the list runs out, growth goes on.
         malloc(&mut m, 8 * MIB, 0);
@@ -291,6 +301,62 @@ mod tests {
         // Stream 1's range keeps X; its unmapped part merged with the tail.
         let stream1 = m.segments.iter().find(|s| s.stream == 1).unwrap();
         assert_eq!(stream1.blocks.len(), 2);
+    }
+
+    /// [A 2][F 4 free][U 2 unmapped][C 2][unmapped] (MiB), set up without reclaim: F is
+    /// followed by unmapped space but holds a run of only 6 MiB; then reclaim at 0 %.
+    fn free_block_before_a_small_unmapped_hole() -> Model {
+        let mut m = model(None);
+        let mut live = Vec::new();
+        for _ in 0..5 {
+            live.push(malloc(&mut m, 2 * MIB, 0));
+        }
+        free(&mut m, live[3]);
+        m.empty_cache();
+        free(&mut m, live[1]);
+        free(&mut m, live[2]);
+        assert_eq!(
+            blocks(&m, 0),
+            vec![
+                (0, 4, "alloc"),
+                (4, 8, "free"),
+                (12, 4, "unmapped"),
+                (16, 4, "alloc"),
+                (20, 2284, "unmapped"),
+            ]
+        );
+        assert_eq!(m.stats().num_device_free, 1);
+        m.config.reclaim_headroom = Some(0.0);
+        m
+    }
+
+    #[test]
+    fn a_free_block_before_unmapped_space_is_reclaimed_when_growth_starts_elsewhere() {
+        let mut m = free_block_before_a_small_unmapped_hole();
+        // 8 MiB: F's run (4 + 2) is too short, the start is the unmapped tail. w = max(10,
+        // 4 + 8) = 12; 8 + 8 > 12: F goes (4 + 8 ≤ 12) and merges with the hole.
+        assert_eq!(malloc(&mut m, 8 * MIB, 0), BASE + 10 * MIB);
+        assert_eq!(
+            blocks(&m, 0)[..4],
+            [
+                (0, 4, "alloc"),
+                (4, 12, "unmapped"),
+                (16, 4, "alloc"),
+                (20, 16, "alloc")
+            ]
+        );
+        assert_eq!(m.stats().num_device_free, 2);
+        assert_eq!(reserved(&m), 12 * MIB);
+    }
+
+    #[test]
+    fn the_free_block_growth_starts_from_is_kept_even_before_a_small_hole() {
+        let mut m = free_block_before_a_small_unmapped_hole();
+        // 5 MiB: F's run (4 + 2) is long enough, F is the start and is kept; the hole is
+        // mapped. w = max(10, 4 + 5) = 10; 8 + 6 > 10, but nothing else is free.
+        assert_eq!(malloc(&mut m, 5 * MIB, 0), BASE + 2 * MIB);
+        assert_eq!(m.stats().num_device_free, 1);
+        assert_eq!(reserved(&m), 10 * MIB);
     }
 
     #[test]
