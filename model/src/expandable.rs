@@ -88,7 +88,7 @@ impl Model {
     /// bytes, mapping pages as needed: the block's address, or `None` when the memory
     /// fraction (checked with rule 4's `segment_size`) or the device refuses. Pages mapped by
     /// map steps before a refused one stay mapped, as free memory. Rule 20 (reclaim, for a
-    /// request of `requested` bytes) comes first.
+    /// request of `requested` bytes) comes between the memory-fraction check and the start.
     pub(crate) fn grow_range(
         &mut self,
         pool: Pool,
@@ -97,10 +97,6 @@ impl Model {
         requested: u64,
         segment_size: u64,
     ) -> Option<u64> {
-        // Rule 20: before growing, reclaim free pages if reserved memory would otherwise
-        // exceed the headroom over the requested high-water. Read as running before all of
-        // rule 19b, its memory-fraction check included ("then rule 19b grows as written").
-        self.reclaim_before_growing(pool, stream, rounded, requested);
         // Rule 19b keeps rule 8's memory fraction check, with rule 4's segment size (PyTorch:
         // `total_allocated_memory + alloc_size > allowed_memory_maximum`).
         if let Some(allowed) = self.allowed
@@ -108,6 +104,11 @@ impl Model {
         {
             return None;
         }
+        // Rule 20: before growing, reclaim free pages if reserved memory would otherwise
+        // exceed the headroom over the requested high-water. Read as coming after the memory
+        // fraction check, which decides whether rule 19b grows at all ("about to grow"); the
+        // differential tests found the allocator reading it so too.
+        self.reclaim_before_growing(pool, stream, rounded, requested);
         // Rule 19b: the start, in an existing range or a new one.
         let start = match self.find_start(pool, stream, rounded) {
             Some(address) => address,

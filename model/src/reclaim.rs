@@ -8,8 +8,9 @@
 //!
 //! The model's reading of the rule where its text leaves a choice (each also named in the
 //! comments below):
-//! - rule 20 runs at the very start of every rule 19b call (rules 7b, 7c, 7d), before rule
-//!   19b's memory-fraction check, and whether or not rule 19b will then map anything;
+//! - rule 20 runs in every rule 19b call (rules 7b, 7c, 7d) that passes rule 19b's
+//!   memory-fraction check (checked on the reserved bytes before reclaiming), whether or not
+//!   rule 19b will then map anything;
 //! - "largest first, then by address" is by ascending address among equal page bytes;
 //! - the excluded start is found as rule 19b finds it, from the state before reclaiming,
 //!   once, and whatever rule 19b's memory-fraction check would say;

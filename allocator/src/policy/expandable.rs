@@ -49,9 +49,7 @@ impl<B: Backend> CachingCore<B> {
         headroom: f64,
     ) -> Result<(), Error> {
         let current = self.stats.requested_bytes.all.current.max(0) as u64;
-        let w = self
-            .requested_high_water
-            .max(current.saturating_add(size));
+        let w = self.requested_high_water.max(current.saturating_add(size));
         let limit = w.saturating_add((w as f64 * headroom).floor() as u64);
         let page = self.page_of(pool);
         let need = rounded.div_ceil(page).saturating_mul(page);

@@ -104,7 +104,10 @@ fn cachalot_defaults_are_pytorchs_plus_thread_caches_expandable_2_mib_pages_and_
 fn expandable_page_mb_takes_even_mib_from_2_to_1024() {
     assert_eq!(parse("expandable_page_mb:20").expandable_page_size, 20 * MB);
     assert_eq!(parse("expandable_page_mb:2").expandable_page_size, 2 * MB);
-    assert_eq!(parse("expandable_page_mb:1024").expandable_page_size, 1024 * MB);
+    assert_eq!(
+        parse("expandable_page_mb:1024").expandable_page_size,
+        1024 * MB
+    );
     for bad in ["0", "1", "3", "1026", "2048", "-2", "2.0"] {
         assert!(
             Settings::parse(&format!("expandable_page_mb:{bad}")).is_err(),
@@ -1126,18 +1129,20 @@ fn valid_settings() -> impl Strategy<Value = Settings> {
         (1u64..=512).prop_map(|n| n * 2 * MB),
         prop::option::of(0.0f64..=1.0),
     )
-        .prop_map(|(msz, nsr, gc, table, exp, frac, backend, page, reclaim)| Settings {
-            max_split_size: msz,
-            max_non_split_rounding_size: nsr,
-            garbage_collection_threshold: gc,
-            roundup_power2_divisions: table,
-            expandable_segments: exp,
-            per_process_memory_fraction: frac,
-            backend,
-            thread_cache_blocks: (msz % 4) as u32 * 7,
-            expandable_page_size: page,
-            reclaim_headroom: reclaim,
-        })
+        .prop_map(
+            |(msz, nsr, gc, table, exp, frac, backend, page, reclaim)| Settings {
+                max_split_size: msz,
+                max_non_split_rounding_size: nsr,
+                garbage_collection_threshold: gc,
+                roundup_power2_divisions: table,
+                expandable_segments: exp,
+                per_process_memory_fraction: frac,
+                backend,
+                thread_cache_blocks: (msz % 4) as u32 * 7,
+                expandable_page_size: page,
+                reclaim_headroom: reclaim,
+            },
+        )
 }
 
 /// parse(display(parse(s))) == parse(s) whenever s parses.
