@@ -35,6 +35,11 @@ pub struct Knobs {
     pub address_script: Vec<u64>,
     /// `expandable_segments` (rule 19).
     pub expandable_segments: bool,
+    /// The large pool's page under expandable segments, in bytes (rule 19's
+    /// `expandable_page_mb`).
+    pub expandable_page: u64,
+    /// `reclaim_headroom` (rule 20; `None`: no reclaim).
+    pub reclaim_headroom: Option<f64>,
 }
 
 impl Knobs {
@@ -50,6 +55,8 @@ impl Knobs {
             thread_cache_blocks: 0,
             address_script: Vec::new(),
             expandable_segments: false,
+            expandable_page: 20 * MIB,
+            reclaim_headroom: None,
         }
     }
 }
@@ -93,10 +100,18 @@ pub mod tables {
     pub const EXPANDABLE: &Weighted<bool> = &[(2, false), (1, true)];
     /// How many addresses the device's address script holds (mostly none).
     pub const SCRIPT_LENGTHS: &Weighted<usize> = &[(6, 0), (1, 1), (1, 3)];
+    /// The large pool's page under expandable segments (rule 19): PyTorch's 20 MiB twice as
+    /// often as cachalot's 2 MiB (rule 21).
+    pub const EXPANDABLE_PAGES: &Weighted<u64> = &[(2, 20 * MIB), (1, 2 * MIB)];
+    /// `reclaim_headroom` (rule 20): off twice as often as each headroom; 2.5 % is rule 21's.
+    pub const RECLAIM_HEADROOMS: &Weighted<Option<f64>> =
+        &[(2, None), (1, Some(0.0)), (1, Some(0.025)), (1, Some(0.25))];
 }
 
 impl<'a> Arbitrary<'a> for Knobs {
-    /// Knobs drawn from [`tables`], with no thread caches.
+    /// Knobs drawn from [`tables`], with no thread caches. New knobs are drawn last, so that
+    /// an input drawn before they existed keeps its meaning (exhausted bytes draw each
+    /// table's first entry, the old behaviour).
     fn arbitrary(u: &mut Unstructured<'a>) -> arbitrary::Result<Knobs> {
         use tables::*;
         let capacity = weighted(u, CAPACITIES)?;
@@ -111,6 +126,9 @@ impl<'a> Arbitrary<'a> for Knobs {
         for _ in 0..script_length {
             address_script.extend(crate::draw::draw(u, crate::op::NEXT_ADDRESSES)?);
         }
+        // Rules 19 and 20's knobs, after every older draw.
+        let expandable_page = weighted(u, EXPANDABLE_PAGES)?;
+        let reclaim_headroom = weighted(u, RECLAIM_HEADROOMS)?;
         Ok(Knobs {
             capacity,
             max_split_size,
@@ -121,6 +139,8 @@ impl<'a> Arbitrary<'a> for Knobs {
             thread_cache_blocks: 0,
             address_script,
             expandable_segments,
+            expandable_page,
+            reclaim_headroom,
         })
     }
 }

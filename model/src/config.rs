@@ -5,6 +5,11 @@ use thiserror::Error;
 /// Requests above this many bytes fail with [`ModelError::TooLarge`] (rule 1).
 pub const MAX_ALLOC_SIZE: u64 = 1 << 60;
 
+const MIB: u64 = 1 << 20;
+
+/// Rule 19: the large pool's page unless `expandable_page_mb` is set (20 MiB, PyTorch's).
+pub const DEFAULT_EXPANDABLE_PAGE: u64 = 20 * MIB;
+
 /// The settings of a [`Model`](crate::Model) and of its simulated device.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
@@ -36,12 +41,21 @@ pub struct ModelConfig {
     /// and stream, whose pages are mapped and unmapped as needed — instead of one device
     /// allocation per segment. PyTorch's `expandable_segments:True`; off by default.
     pub expandable_segments: bool,
+    /// Rule 19: the page of a large-pool range, in bytes (the small pool's is always 2 MiB).
+    /// cachalot's `expandable_page_mb`: an even number of MiB in \[2, 1024\]; 20 MiB,
+    /// PyTorch's page, by default.
+    pub expandable_page: u64,
+    /// Rule 20 (cachalot's own policy): reclaim before growing, keeping reserved bytes within
+    /// this fraction of the requested high-water mark. A decimal in \[0, 1\]; `None` (the
+    /// default) turns reclaim off. It acts only under expandable segments.
+    pub reclaim_headroom: Option<f64>,
 }
 
 impl ModelConfig {
     /// PyTorch's default settings on a device of `capacity` bytes: no split limit, 20 MiB
     /// non-split rounding, no garbage collection, no power-of-two rounding, no memory
-    /// fraction, no address script, no thread caches, no expandable segments.
+    /// fraction, no address script, no thread caches, no expandable segments (and, should
+    /// they be turned on, PyTorch's 20 MiB large page and no reclaim).
     pub fn pytorch_defaults(capacity: u64) -> Self {
         ModelConfig {
             capacity,
@@ -53,7 +67,22 @@ impl ModelConfig {
             address_script: Vec::new(),
             thread_cache_blocks: 0,
             expandable_segments: false,
+            expandable_page: DEFAULT_EXPANDABLE_PAGE,
+            reclaim_headroom: None,
         }
+    }
+
+    /// Whether `expandable_page` is one rule 19 allows: an even number of MiB in
+    /// \[2 MiB, 1024 MiB\].
+    pub fn expandable_page_is_valid(&self) -> bool {
+        (2 * MIB..=1024 * MIB).contains(&self.expandable_page)
+            && self.expandable_page.is_multiple_of(2 * MIB)
+    }
+
+    /// Whether `reclaim_headroom` is one rule 20 allows: unset, or within \[0, 1\] (not NaN).
+    pub fn reclaim_headroom_is_valid(&self) -> bool {
+        self.reclaim_headroom
+            .is_none_or(|h| (0.0..=1.0).contains(&h))
     }
 }
 

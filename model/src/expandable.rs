@@ -21,30 +21,29 @@ use crate::{Model, ModelSegment};
 /// runs as `(address, bytes)`.
 type RangeShape = (u64, u64, Vec<(u64, u64)>);
 
-/// Rule 19: the page of a small-pool range (2 MiB).
+/// Rule 19: the page of a small-pool range (2 MiB, whatever `expandable_page_mb` says).
 pub(crate) const SMALL_PAGE: u64 = 2 << 20;
-/// Rule 19: the page of a large-pool range (20 MiB).
-pub(crate) const LARGE_PAGE: u64 = 20 << 20;
 
-/// Rule 19: the page of a range of `pool`.
-pub(crate) fn page_size(pool: Pool) -> u64 {
-    match pool {
-        Pool::Small => SMALL_PAGE,
-        Pool::Large => LARGE_PAGE,
-    }
-}
-
-/// Rule 19: the size of a range of `pool` on a device of `capacity` bytes:
+/// Rule 19: the size of a range whose page is `page` on a device of `capacity` bytes:
 /// `page × ⌈(capacity + ⌊capacity / 8⌋) / page⌉`. `None` when that is zero (a device without
 /// memory) or does not fit in 64 bits; then no range is made and growing fails.
-pub(crate) fn range_size(pool: Pool, capacity: u64) -> Option<u64> {
-    let page = u128::from(page_size(pool));
+pub(crate) fn range_size(page: u64, capacity: u64) -> Option<u64> {
+    let page = u128::from(page);
     let wanted = u128::from(capacity) + u128::from(capacity / 8);
     let size = wanted.div_ceil(page) * page;
     match u64::try_from(size) {
         Ok(0) | Err(_) => None,
         Ok(size) => Some(size),
     }
+}
+
+/// Rules 19e, 20: the whole pages inside `[start, end)` of a range based at `base` whose page
+/// is `page` (pages counted from the base), as `(first, last)` with `first < last`; `None`
+/// when the block holds no whole page.
+pub(crate) fn whole_pages(base: u64, page: u64, start: u64, end: u64) -> Option<(u64, u64)> {
+    let first = base + (start - base).div_ceil(page) * page;
+    let last = base + (end - base) / page * page;
+    (first < last).then_some((first, last))
 }
 
 /// Rule 19a: from the free-set entry at `index` (rule 6's candidate), while the candidate is
@@ -63,6 +62,15 @@ pub(crate) fn walk_by_reach(free: &[FreeEntry], index: usize) -> usize {
 }
 
 impl Model {
+    /// Rule 19: the page of a range of `pool`: 2 MiB in the small pool, `expandable_page_mb`
+    /// (20 MiB unless set) in the large pool.
+    pub(crate) fn page_size(&self, pool: Pool) -> u64 {
+        match pool {
+            Pool::Small => SMALL_PAGE,
+            Pool::Large => self.config.expandable_page,
+        }
+    }
+
     /// Rule 13, or rule 19c under expandable segments: whether a found block of `block_size`
     /// bytes is split to serve a request rounded to `rounded` bytes.
     pub(crate) fn splits(&self, pool: Pool, block_size: u64, rounded: u64) -> bool {
@@ -79,12 +87,14 @@ impl Model {
     /// Rule 19b: grows a free block of a range of `pool` on `stream` to at least `rounded`
     /// bytes, mapping pages as needed: the block's address, or `None` when the memory
     /// fraction (checked with rule 4's `segment_size`) or the device refuses. Pages mapped by
-    /// map steps before a refused one stay mapped, as free memory.
+    /// map steps before a refused one stay mapped, as free memory. Rule 20 (reclaim, for a
+    /// request of `requested` bytes) comes between the memory-fraction check and the start.
     pub(crate) fn grow_range(
         &mut self,
         pool: Pool,
         stream: u64,
         rounded: u64,
+        requested: u64,
         segment_size: u64,
     ) -> Option<u64> {
         // Rule 19b keeps rule 8's memory fraction check, with rule 4's segment size (PyTorch:
@@ -94,6 +104,11 @@ impl Model {
         {
             return None;
         }
+        // Rule 20: before growing, reclaim free pages if reserved memory would otherwise
+        // exceed the headroom over the requested high-water. Read as coming after the memory
+        // fraction check, which decides whether rule 19b grows at all ("about to grow"); the
+        // differential tests found the allocator reading it so too.
+        self.reclaim_before_growing(pool, stream, rounded, requested);
         // Rule 19b: the start, in an existing range or a new one.
         let start = match self.find_start(pool, stream, rounded) {
             Some(address) => address,
@@ -128,7 +143,7 @@ impl Model {
     /// unmapped blocks of the pool's ranges of that stream, in address order, the first that
     /// — or whose previous block, when that one is free — begins a run of free or unmapped
     /// blocks of at least `rounded` bytes. The run's first address.
-    fn find_start(&self, pool: Pool, stream: u64, rounded: u64) -> Option<u64> {
+    pub(crate) fn find_start(&self, pool: Pool, stream: u64, rounded: u64) -> Option<u64> {
         // The segments are sorted by address, so this visits unmapped blocks in address order.
         for segment in &self.segments {
             if !segment.expandable || segment.pool != pool || segment.stream != stream {
@@ -168,7 +183,7 @@ impl Model {
     /// zero bytes).
     fn reserve_range(&mut self, pool: Pool, stream: u64) -> Option<u64> {
         // The capacity is asked of the device when the range is made.
-        let size = range_size(pool, self.device.capacity())?;
+        let size = range_size(self.page_size(pool), self.device.capacity())?;
         let base = self.device.reserve(size);
         let range = Segment {
             address: base,
@@ -189,7 +204,7 @@ impl Model {
     /// device has no room.
     fn map_step(&mut self, s: usize, b: usize, bytes: u64) -> bool {
         let pool = self.segments[s].pool;
-        let page = page_size(pool);
+        let page = self.page_size(pool);
         let unmapped = &self.segments[s].blocks[b];
         assert!(!unmapped.mapped && bytes > 0 && bytes <= unmapped.size);
         let (address, size) = (unmapped.address, unmapped.size);
@@ -241,20 +256,17 @@ impl Model {
     /// none → nothing; otherwise the parts before and after stay free mapped blocks, the
     /// unmapped part merges with unmapped neighbours, and a range left as one unmapped block
     /// is given back.
-    fn unmap_whole_pages(&mut self, address: u64) {
+    pub(crate) fn unmap_whole_pages(&mut self, address: u64) {
         let (s, b) = state::find_block(&self.segments, address).expect("a listed block exists");
         let range = &self.segments[s];
         let (base, pool) = (range.address, range.pool);
-        let page = page_size(pool);
+        let page = self.page_size(pool);
         let block = &range.blocks[b];
         assert!(block.in_free_set(), "only free mapped blocks are unmapped");
         let (start, end) = (block.address, block.address + block.size);
-        // The whole pages inside [start, end), pages counted from the range's base.
-        let first = base + (start - base).div_ceil(page) * page;
-        let last = base + (end - base) / page * page;
-        if first >= last {
+        let Some((first, last)) = whole_pages(base, page, start, end) else {
             return;
-        }
+        };
         self.device.unmap(first, last - first);
         let now = self.search_counter(pool);
         let blocks = &mut self.segments[s].blocks;
@@ -323,8 +335,8 @@ impl Model {
     /// each mapped block's fields agree with its state.
     pub(crate) fn check_range(&self, range: &Segment) -> Result<(), String> {
         let name = format!("range {:#x}", range.address);
-        let page = page_size(range.pool);
-        if Some(range.size) != range_size(range.pool, self.device.capacity()) {
+        let page = self.page_size(range.pool);
+        if Some(range.size) != range_size(page, self.device.capacity()) {
             return Err(format!(
                 "{name}: {} bytes is not rule 19's size",
                 range.size
@@ -512,11 +524,15 @@ mod tests {
     #[test]
     fn ranges_are_sized_from_the_capacity_in_whole_pages() {
         // 1 GiB + 128 MiB = 1152 MiB: 57.6 large pages → 58, 576 small pages.
-        assert_eq!(range_size(Pool::Large, 1 << 30), Some(1160 * MIB));
-        assert_eq!(range_size(Pool::Small, 1 << 30), Some(1152 * MIB));
-        // 70 MiB + 8.75 MiB → 4 large pages.
-        assert_eq!(range_size(Pool::Large, 70 * MIB), Some(80 * MIB));
-        assert_eq!(range_size(Pool::Large, 0), None);
+        assert_eq!(range_size(20 * MIB, 1 << 30), Some(1160 * MIB));
+        assert_eq!(range_size(SMALL_PAGE, 1 << 30), Some(1152 * MIB));
+        // 70 MiB + 8.75 MiB → 4 large pages of 20 MiB, 40 of 2 MiB.
+        assert_eq!(range_size(20 * MIB, 70 * MIB), Some(80 * MIB));
+        assert_eq!(range_size(2 * MIB, 70 * MIB), Some(80 * MIB));
+        // 96 MiB + 12 MiB → 6 pages of 20 MiB, 54 of 2 MiB.
+        assert_eq!(range_size(20 * MIB, 96 * MIB), Some(120 * MIB));
+        assert_eq!(range_size(2 * MIB, 96 * MIB), Some(108 * MIB));
+        assert_eq!(range_size(20 * MIB, 0), None);
     }
 
     #[test]

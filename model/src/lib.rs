@@ -19,6 +19,7 @@ mod device;
 mod expandable;
 mod invariants;
 mod policy;
+mod reclaim;
 mod release;
 mod rules;
 mod state;
@@ -26,7 +27,7 @@ mod stats;
 mod threads;
 
 pub use adopt::{AdoptedBlock, AdoptedSegment, AdoptedState};
-pub use config::{MAX_ALLOC_SIZE, ModelConfig, ModelError};
+pub use config::{DEFAULT_EXPANDABLE_PAGE, MAX_ALLOC_SIZE, ModelConfig, ModelError};
 pub use invariants::InvariantViolation;
 pub use state::{BlockState, ModelBlock, ModelSegment};
 pub use stats::{Stat, StatArray, Stats};
@@ -56,14 +57,28 @@ pub struct Model {
     /// Rule 17: the thread each block handed out on a thread belongs to, while it is
     /// allocated (live or parked).
     owners: std::collections::BTreeMap<u64, u32>,
+    /// Rule 20: the requested high-water `W`, the highest value `requested_bytes.all` has
+    /// reached since the model was made (kept apart from the statistic's peak, which a
+    /// reset of peak statistics would lower).
+    requested_high_water: u64,
 }
 
 impl Model {
     /// A model with `config`'s settings and an empty device.
     ///
     /// # Panics
-    /// If `config.memory_fraction` is outside `[0, 1]` or NaN.
+    /// If `config.memory_fraction` is outside `[0, 1]` or NaN, `config.expandable_page` is
+    /// not an even number of MiB in \[2, 1024\] (rule 19), or `config.reclaim_headroom` is
+    /// outside `[0, 1]` or NaN (rule 20).
     pub fn new(config: ModelConfig) -> Model {
+        assert!(
+            config.expandable_page_is_valid(),
+            "ModelConfig::expandable_page must be an even number of MiB in [2, 1024]"
+        );
+        assert!(
+            config.reclaim_headroom_is_valid(),
+            "ModelConfig::reclaim_headroom must be within [0, 1]"
+        );
         let device = Device::new(config.capacity, config.address_script.clone());
         let fraction = config.memory_fraction;
         let mut model = Model {
@@ -77,6 +92,7 @@ impl Model {
             stats: Stats::default(),
             threads: Vec::new(),
             owners: std::collections::BTreeMap::new(),
+            requested_high_water: 0,
         };
         if let Some(fraction) = fraction {
             model
@@ -103,7 +119,7 @@ impl Model {
         // Rule 6, else rule 7.
         let address = match self.best_fit(pool, stream, rounded) {
             Some(address) => address,
-            None => self.make_block(pool, stream, rounded)?,
+            None => self.make_block(pool, stream, rounded, size)?,
         };
         // Rules 13, 14.
         Ok(self.hand_out(address, rounded, size))
@@ -171,6 +187,12 @@ impl Model {
     /// not count. Under expandable segments each map step is one attempt (rule 19i).
     pub fn fail_next_device_allocs(&mut self, n: u32) {
         self.device.fail_next(n);
+    }
+
+    /// Sets every statistic's peak to its current value (PyTorch's
+    /// `reset_peak_memory_stats`). Rule 20's requested high-water is not lowered.
+    pub fn reset_peak_stats(&mut self) {
+        self.stats.reset_peaks();
     }
 
     /// The settings the model was made with.

@@ -17,6 +17,9 @@ impl Model {
     pub(crate) fn settle_stats(&mut self) {
         let gauges = Gauges::measure(&self.segments, self.config.max_split_size);
         self.stats.settle(&gauges);
+        // Rule 20: the requested high-water follows every value the statistic reaches.
+        let requested = self.stats.requested_bytes.all.current as u64;
+        self.requested_high_water = self.requested_high_water.max(requested);
     }
 
     /// Bytes reserved: the sum of the segments' sizes, plus the mapped bytes of ranges
@@ -117,13 +120,15 @@ impl Model {
         Some(best.address)
     }
 
-    /// Rule 7: no cached block fits; collect garbage, allocate a segment, release oversize
-    /// blocks and retry, release everything and retry, or fail with out-of-memory.
+    /// Rule 7: no cached block fits a request of `requested` bytes rounded to `rounded`;
+    /// collect garbage, allocate a segment, release oversize blocks and retry, release
+    /// everything and retry, or fail with out-of-memory.
     pub(crate) fn make_block(
         &mut self,
         pool: Pool,
         stream: u64,
         rounded: u64,
+        requested: u64,
     ) -> Result<u64, ModelError> {
         // Rule 4.
         let size = rules::segment_size(rounded);
@@ -132,19 +137,19 @@ impl Model {
             self.collect_garbage();
         }
         // Rule 7b.
-        if let Some(address) = self.grow(pool, stream, rounded, size) {
+        if let Some(address) = self.grow(pool, stream, rounded, requested, size) {
             return Ok(address);
         }
         // Rule 7c.
         if self.release_oversize_blocks(pool, stream, rounded)
-            && let Some(address) = self.grow(pool, stream, rounded, size)
+            && let Some(address) = self.grow(pool, stream, rounded, requested, size)
         {
             return Ok(address);
         }
         // Rule 7d.
         self.release_cached_segments();
         self.stats.num_alloc_retries += 1;
-        if let Some(address) = self.grow(pool, stream, rounded, size) {
+        if let Some(address) = self.grow(pool, stream, rounded, requested, size) {
             return Ok(address);
         }
         // Rule 7: everything failed.
@@ -163,10 +168,18 @@ impl Model {
 
     /// Rule 7's device step: a new segment of `size` bytes (rule 8), or, under expandable
     /// segments, a range block grown to `rounded` bytes (rule 19b, with `size` for the memory
-    /// fraction check). The free block's address, or `None`.
-    fn grow(&mut self, pool: Pool, stream: u64, rounded: u64, size: u64) -> Option<u64> {
+    /// fraction check, after rule 20's reclaim for a request of `requested` bytes). The free
+    /// block's address, or `None`.
+    fn grow(
+        &mut self,
+        pool: Pool,
+        stream: u64,
+        rounded: u64,
+        requested: u64,
+        size: u64,
+    ) -> Option<u64> {
         if self.config.expandable_segments {
-            self.grow_range(pool, stream, rounded, size)
+            self.grow_range(pool, stream, rounded, requested, size)
         } else {
             self.allocate_segment(pool, stream, size)
         }

@@ -199,6 +199,29 @@ impl Stats {
             .move_to(to_i64(gauges.oversize_segments));
     }
 
+    /// PyTorch's `reset_peak_memory_stats`: every peak drops to its current value.
+    pub(crate) fn reset_peaks(&mut self) {
+        let arrays = [
+            &mut self.allocation,
+            &mut self.segment,
+            &mut self.active,
+            &mut self.inactive_split,
+            &mut self.allocated_bytes,
+            &mut self.reserved_bytes,
+            &mut self.active_bytes,
+            &mut self.inactive_split_bytes,
+            &mut self.requested_bytes,
+        ];
+        let mut stats: Vec<&mut Stat> = Vec::new();
+        for array in arrays {
+            stats.extend([&mut array.all, &mut array.small_pool, &mut array.large_pool]);
+        }
+        stats.extend([&mut self.oversize_allocations, &mut self.oversize_segments]);
+        for stat in stats {
+            stat.peak = stat.current;
+        }
+    }
+
     /// Whether every current value equals the one measured in `gauges`.
     pub(crate) fn agrees_with(&self, gauges: &Gauges) -> bool {
         let mut settled = self.clone();

@@ -134,3 +134,27 @@ fn random_sequences_keep_the_invariants_with_expandable_segments_on_a_tiny_devic
         run(config, seed, 3000);
     }
 }
+
+#[test]
+fn random_sequences_keep_the_invariants_with_cachalots_own_policy() {
+    // Rule 21's expandable settings: 2 MiB pages in both pools, reclaim with 2.5 % headroom.
+    for seed in 1..=4 {
+        let mut config = ModelConfig::pytorch_defaults(512 * MIB);
+        config.expandable_segments = true;
+        config.expandable_page = 2 * MIB;
+        config.reclaim_headroom = Some(0.025);
+        run(config, seed, 3000);
+    }
+}
+
+#[test]
+fn random_sequences_keep_the_invariants_with_reclaim_on_a_tiny_device() {
+    for (seed, headroom) in [(1, 0.0), (2, 0.25), (3, 0.0), (4, 1.0)] {
+        let mut config = ModelConfig::pytorch_defaults(120 * MIB);
+        config.expandable_segments = true;
+        config.max_split_size = 24 * MIB;
+        config.memory_fraction = Some(0.8);
+        config.reclaim_headroom = Some(headroom);
+        run(config, seed, 3000);
+    }
+}

@@ -23,6 +23,8 @@ pub fn settings(knobs: &Knobs) -> Settings {
     s.per_process_memory_fraction = knobs.memory_fraction;
     s.thread_cache_blocks = knobs.thread_cache_blocks;
     s.expandable_segments = knobs.expandable_segments;
+    s.expandable_page_size = knobs.expandable_page;
+    s.reclaim_headroom = knobs.reclaim_headroom;
     s
 }
 
@@ -45,6 +47,8 @@ impl Knobs {
             thread_cache_blocks: settings.thread_cache_blocks,
             address_script: Vec::new(),
             expandable_segments: settings.expandable_segments,
+            expandable_page: settings.expandable_page_size,
+            reclaim_headroom: settings.reclaim_headroom,
         };
         let back = self::settings(&knobs);
         if back != *settings {
@@ -289,5 +293,60 @@ impl Side for CoreSide {
 
     fn check_invariants(&self) -> Result<(), String> {
         self.core.check_invariants().map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arbitrary::{Arbitrary, Unstructured};
+
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn cachalots_own_settings_become_knobs_and_back() {
+        let own = Settings::cachalot();
+        let knobs = Knobs::from_settings(&own, 1 << 30).unwrap();
+        assert!(knobs.expandable_segments);
+        assert_eq!(knobs.expandable_page, 2 * MIB);
+        assert_eq!(knobs.reclaim_headroom, Some(0.025));
+        assert_eq!(settings(&knobs), own);
+    }
+
+    #[test]
+    fn the_page_and_headroom_keys_become_knobs() {
+        let parsed = Settings::pytorch()
+            .apply("expandable_segments:True,expandable_page_mb:6,reclaim_headroom:0.25")
+            .unwrap();
+        let knobs = Knobs::from_settings(&parsed, 1 << 30).unwrap();
+        assert_eq!(knobs.expandable_page, 6 * MIB);
+        assert_eq!(knobs.reclaim_headroom, Some(0.25));
+        assert_eq!(settings(&knobs), parsed);
+        let plain = Knobs::from_settings(&Settings::pytorch(), 1 << 30).unwrap();
+        assert_eq!(plain, Knobs::pytorch(1 << 30));
+    }
+
+    #[test]
+    fn drawn_knobs_round_trip_through_settings() {
+        let mut seen_pages = std::collections::BTreeSet::new();
+        let mut seen_headrooms = Vec::new();
+        for seed in 0..2000u32 {
+            let bytes: Vec<u8> = (0..64u32)
+                .map(|i| (seed.wrapping_mul(2_654_435_761) ^ i.wrapping_mul(40_503)) as u8)
+                .map(|b| b.rotate_left(seed % 8))
+                .collect();
+            let mut knobs = Knobs::arbitrary(&mut Unstructured::new(&bytes)).unwrap();
+            // The address script is the device's, not a setting.
+            knobs.address_script.clear();
+            let back = Knobs::from_settings(&settings(&knobs), knobs.capacity).unwrap();
+            assert_eq!(back, knobs, "seed {seed}");
+            seen_pages.insert(knobs.expandable_page);
+            if !seen_headrooms.contains(&knobs.reclaim_headroom) {
+                seen_headrooms.push(knobs.reclaim_headroom);
+            }
+        }
+        assert_eq!(seen_pages.len(), 2);
+        assert_eq!(seen_headrooms.len(), 4);
     }
 }

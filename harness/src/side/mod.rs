@@ -295,27 +295,40 @@ pub fn flatten_stats<T: serde::Serialize>(stats: &T) -> Result<FlatStats, String
     flat::numbers(stats).ok_or_else(|| "statistics are not structs of integers".to_string())
 }
 
-/// The fields of two flattened statistics that differ, as `path: a vs b`.
-fn diff_stats(a: &FlatStats, b: &FlatStats) -> Vec<String> {
-    let paths = |s: &FlatStats| -> Vec<(String, i128)> {
-        let mut stack: Vec<&str> = Vec::new();
-        let mut out = Vec::new();
-        for &(field, v) in s {
-            match v {
-                flat::OPEN => stack.push(field),
-                flat::CLOSE => {
-                    stack.pop();
-                }
-                _ => {
-                    let mut p: Vec<&str> =
-                        stack.iter().copied().filter(|f| !f.is_empty()).collect();
-                    p.push(field);
-                    out.push((p.join("."), v));
-                }
+/// Every number of flattened statistics with its dotted path (`reserved_bytes.all.current`),
+/// in serialisation order.
+pub fn stat_paths(s: &FlatStats) -> Vec<(String, i128)> {
+    let mut stack: Vec<&str> = Vec::new();
+    let mut out = Vec::new();
+    for &(field, v) in s {
+        match v {
+            flat::OPEN => stack.push(field),
+            flat::CLOSE => {
+                stack.pop();
+            }
+            _ => {
+                let mut p: Vec<&str> = stack.iter().copied().filter(|f| !f.is_empty()).collect();
+                p.push(field);
+                out.push((p.join("."), v));
             }
         }
-        out
-    };
+    }
+    out
+}
+
+impl Observation {
+    /// The statistic at the dotted `path` (`num_device_free`, `reserved_bytes.all.current`).
+    pub fn stat(&self, path: &str) -> Option<i128> {
+        stat_paths(&self.stats)
+            .into_iter()
+            .find(|(p, _)| p == path)
+            .map(|(_, v)| v)
+    }
+}
+
+/// The fields of two flattened statistics that differ, as `path: a vs b`.
+fn diff_stats(a: &FlatStats, b: &FlatStats) -> Vec<String> {
+    let paths = stat_paths;
     let (pa, pb) = (paths(a), paths(b));
     let mut diffs: Vec<String> = pa
         .iter()

@@ -20,6 +20,8 @@ pub fn model_config(knobs: &Knobs) -> ModelConfig {
     c.thread_cache_blocks = knobs.thread_cache_blocks;
     c.address_script = knobs.address_script.clone();
     c.expandable_segments = knobs.expandable_segments;
+    c.expandable_page = knobs.expandable_page;
+    c.reclaim_headroom = knobs.reclaim_headroom;
     c
 }
 
