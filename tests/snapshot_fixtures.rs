@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 
 use cachalot_tools::snapshot::{
+    SnapshotExt,
     Action, BlockStatus, Figures, ReplayOp, ReplayOptions, Snapshot, read_figures, read_snapshot,
     replay_ops, replay_ops_with,
 };

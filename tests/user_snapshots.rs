@@ -13,6 +13,7 @@ use cachalot::Settings;
 use cachalot_tools::replay::{ReplayConfig, StartMode, replay};
 use cachalot_tools::selfcheck::check_final_state;
 use cachalot_tools::snapshot::{
+    SnapshotExt,
     Action, BlockStatus, DeviceTrace, ReplayOptions, Snapshot, StartState, read_figures_for,
     read_snapshot, replay_ops_from, write_snapshot,
 };
