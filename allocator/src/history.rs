@@ -144,10 +144,11 @@ impl History {
 
     pub fn push(&mut self, event: TraceEvent) {
         let elapsed = i64::try_from(self.start.elapsed().as_micros()).unwrap_or(i64::MAX);
-        let backtrace = self
-            .options
-            .backtraces
-            .then(|| SharedBacktrace::new(Backtrace::force_capture()));
+        let backtrace = if self.options.backtraces {
+            Some(capture())
+        } else {
+            None
+        };
         // The ring: the oldest entry leaves to make room.
         self.trim(self.options.max_entries - 1);
         self.entries.push_back(RecordedEvent {
@@ -160,6 +161,13 @@ impl History {
     pub fn events(&self) -> impl ExactSizeIterator<Item = &RecordedEvent> {
         self.entries.iter()
     }
+}
+
+/// A backtrace of the caller. Never inlined, so the snapshot finds where the capture ends
+/// (this function and the frames above it are left out of a snapshot's frames).
+#[inline(never)]
+fn capture() -> SharedBacktrace {
+    SharedBacktrace::new(Backtrace::force_capture())
 }
 
 #[cfg(test)]

@@ -101,7 +101,6 @@ pub use start::{StartBlock, StartError, StartSegment, StartState, reconstruct_st
 /// 2^60 bytes, so a larger size can only come from a corrupt or hostile file.
 pub const MAX_SIZE: u64 = 1 << 60;
 
-
 /// Writes `snapshot` as a pickle in the format of `torch.cuda.memory._dump_snapshot()`: the one
 /// writer, [`cachalot::snapshot::write_snapshot`], with its failure as a [`SnapshotError`].
 ///
@@ -154,4 +153,3 @@ impl SnapshotExt for Snapshot {
         reconstruct_start(trace, &self.segments, &divisions)
     }
 }
-

@@ -228,7 +228,8 @@ pub fn live_snapshot(
 
 /// The frames of a backtrace printed by `std::backtrace::Backtrace`'s `Display`, innermost
 /// first, without the leading frames of the capture itself (the standard library's backtrace
-/// code and the history's recording).
+/// code and the history's recording) and without the runtime's frames below
+/// `__rust_begin_short_backtrace`, as Rust's short panic backtraces print them.
 ///
 /// The printed form is one `N: function` line per frame (an inlined function on a line of its
 /// own without `N:`), each followed by `at file:line:column` when the debug information has
@@ -260,12 +261,20 @@ pub(crate) fn backtrace_frames(text: &str) -> Vec<Frame> {
             line: 0,
         });
     }
+    // The runtime's frames below the program's `main` or its thread's closure, as Rust's
+    // short panic backtraces leave them out.
+    if let Some(end) = out
+        .iter()
+        .position(|f| f.name.contains("__rust_begin_short_backtrace"))
+    {
+        out.truncate(end);
+    }
+    // The capture: the history's own frames and the core's `trace`, which only ever sit at
+    // the top of the stack.
     let capture = |f: &Frame| {
-        let n = f.name.trim_start_matches('<');
-        n.starts_with("std::backtrace")
-            || n.starts_with("std::sys::backtrace")
-            || n.starts_with("cachalot::history::")
-            || n.contains("CachingCore<B>::trace")
+        f.name.starts_with("std::backtrace")
+            || f.name.contains("cachalot::history::")
+            || f.name.contains("CachingCore<B>::trace")
     };
     let skip = out.iter().rposition(capture).map_or(0, |i| i + 1);
     out.drain(..skip);
@@ -337,6 +346,9 @@ mod tests {
       my_app::inlined_helper
              at ./src/main.rs:7
    3: <unknown>
+   4: std::sys::backtrace::__rust_begin_short_backtrace
+             at /rustc/abc/library/std/src/sys/backtrace.rs:166:18
+   5: std::rt::lang_start::{{closure}}
 ";
         let frames = backtrace_frames(text);
         let names: Vec<&str> = frames.iter().map(|f| f.name.as_str()).collect();
@@ -363,21 +375,46 @@ mod tests {
         let a = core.malloc(1000, StreamId(0)).unwrap();
         let b = core.malloc(5000, StreamId(0)).unwrap();
         core.free(b).unwrap();
-        let snap = live_snapshot(&core.segments(), &core.recorded_history(), core.settings(), 1);
+        let snap = live_snapshot(
+            &core.segments(),
+            &core.recorded_history(),
+            core.settings(),
+            1,
+        );
         assert_eq!(snap.traces.len(), 2);
         assert!(snap.traces[0].entries.is_empty());
         let entries = &snap.traces[1].entries;
         assert_eq!(entries.len(), 5);
         assert!(entries.iter().all(|e| e.stack != StackId::EMPTY));
         assert!(entries.windows(2).all(|w| w[0].time_us <= w[1].time_us));
-        // The first frame is the core's own malloc, not the capture machinery.
-        let top = snap.frames.stack(entries[1].stack).next().unwrap();
-        assert!(top.name.contains("malloc"), "{top:?}");
+        // The frames begin in the core (where the alloc is recorded), not in the capture
+        // machinery, and reach the caller: this test.
+        let stack: Vec<&Frame> = snap.frames.stack(entries[1].stack).collect();
+        assert!(stack[0].name.contains("CachingCore"), "{stack:?}");
+        assert!(
+            stack.iter().all(
+                |f| !f.name.contains("std::backtrace") && !f.name.contains("cachalot::history")
+            ),
+            "{stack:?}"
+        );
+        assert!(
+            stack
+                .iter()
+                .any(|f| f.name.contains("a_live_snapshot_carries")
+                    && f.filename.ends_with("build.rs")
+                    && f.line > 0),
+            "{stack:?}"
+        );
         let seg = &snap.segments[0];
         assert_eq!(seg.stack, entries[0].stack);
         let live = seg.blocks.iter().find(|x| x.address == a).unwrap();
         assert_eq!(live.stack, entries[1].stack);
-        assert!(seg.blocks.iter().filter(|x| x.state == BlockStatus::Inactive).all(|x| x.stack == StackId::EMPTY));
+        assert!(
+            seg.blocks
+                .iter()
+                .filter(|x| x.state == BlockStatus::Inactive)
+                .all(|x| x.stack == StackId::EMPTY)
+        );
     }
 
     #[test]
