@@ -562,4 +562,53 @@ impl CudaAllocator {
     pub fn check_invariants(&self) -> Result<(), crate::InvariantViolation> {
         self.inner.check_invariants()
     }
+
+    /// Starts, resizes or stops recording the memory history, as PyTorch's
+    /// `torch.cuda.memory._record_memory_history(max_entries=...)`: `Some(n)` keeps the last `n`
+    /// entries in a ring (`usize::MAX`: everything), `None` or `Some(0)` stops and drops what
+    /// was recorded. While recording, thread caches are bypassed so that every allocation and
+    /// free is recorded as the program made it (see [`Allocator::record_history`]). Write the
+    /// history with [`CudaAllocator::dump_snapshot`].
+    ///
+    /// ```no_run
+    /// use cachalot::cuda::CudaAllocator;
+    ///
+    /// let alloc = CudaAllocator::for_device(0)?;
+    /// alloc.record_history(Some(100_000));
+    /// let stream = alloc.context().new_stream()?;
+    /// let buf = alloc.alloc_zeros::<f32>(1 << 20, &stream)?;
+    /// drop(buf);
+    /// alloc.dump_snapshot("rust_live.pickle")?; // python -m torch.cuda._memory_viz trace_plot rust_live.pickle
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn record_history(&self, max_entries: Option<usize>) {
+        self.inner.record_history(max_entries)
+    }
+
+    /// [`CudaAllocator::record_history`] with every option: Rust backtraces captured with each
+    /// entry and written as its `frames` ([`crate::HistoryOptions::with_backtraces`]).
+    pub fn record_history_with(&self, options: Option<crate::HistoryOptions>) {
+        self.inner.record_history_with(options)
+    }
+
+    /// How the history is being recorded, or `None` when it is not.
+    pub fn history_options(&self) -> Option<crate::HistoryOptions> {
+        self.inner.history_options()
+    }
+
+    /// The recorded history and the state now as a PyTorch memory snapshot of this device
+    /// (what `torch.cuda.memory._snapshot()` returns); see [`Allocator::snapshot`]. Streams are
+    /// their `CUstream` handles, as PyTorch writes them.
+    #[cfg(feature = "snapshot")]
+    pub fn snapshot(&self) -> crate::snapshot::Snapshot {
+        self.inner.snapshot()
+    }
+
+    /// Writes [`CudaAllocator::snapshot`] to `path` in PyTorch's pickle format, as
+    /// `torch.cuda.memory._dump_snapshot(path)` does, for `python -m torch.cuda._memory_viz`
+    /// and `cachalot replay`.
+    #[cfg(feature = "snapshot")]
+    pub fn dump_snapshot(&self, path: impl AsRef<std::path::Path>) -> std::io::Result<()> {
+        self.inner.dump_snapshot(path)
+    }
 }
