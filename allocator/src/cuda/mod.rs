@@ -43,13 +43,17 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod anchor;
 mod backend;
 mod buffer;
 mod error;
+mod launch;
+mod ordering;
 mod streams;
 mod summary;
+mod view;
 
-use crate::sync::real::{Arc, Mutex, MutexGuard, PoisonError};
+use crate::sync::real::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use crate::sync::real::{AtomicBool, AtomicU64, Ordering};
 
 use rustc_hash::FxHashSet;
@@ -58,7 +62,9 @@ pub use cudarc;
 use cudarc::driver::{CudaContext, CudaStream, DeviceRepr, ValidAsZeroBits};
 
 pub use backend::CudaBackend;
-pub use buffer::{DeviceBlock, DeviceBuffer, KernelArg, Launch, Plain};
+pub use buffer::{DeviceBlock, DeviceBuffer, Plain};
+pub use launch::{KernelArg, Launch};
+pub use view::{DeviceView, DeviceViewMut};
 pub use error::CudaError;
 pub use streams::stream_id;
 pub use summary::memory_summary;
@@ -116,6 +122,14 @@ struct Shared {
     /// streams made before that are not trusted.
     streams: Arc<StreamRegistry>,
     auto_record: AtomicBool,
+    /// Whether buffers order their data between streams (cudarc's `DevicePtr` contract; see
+    /// [`CudaAllocator::set_data_ordering`]).
+    data_ordering: AtomicBool,
+    /// Set when the program's last handle is dropped (see `anchor`): frees then give empty
+    /// segments straight back to the driver.
+    closed: AtomicBool,
+    /// The program's handles, for [`DeviceBuffer::allocator`]; set once, at construction.
+    owner: OnceLock<Weak<anchor::Owner>>,
     /// Addresses handed out by `malloc_raw` and not yet freed: `free_raw` takes only these,
     /// so it can never free a block a `DeviceBlock` owns.
     raw: Mutex<FxHashSet<u64>>,
@@ -146,6 +160,11 @@ struct Shared {
 pub struct CudaAllocator {
     inner: Allocator<CudaBackend>,
     shared: Arc<Shared>,
+    /// `Some` in every handle the program holds; `None` in the allocator's own references
+    /// from buffers (see `anchor`), which keep it alive but do not keep it open. Held for its
+    /// `Drop` only.
+    #[allow(dead_code)]
+    owner: Option<Arc<anchor::Owner>>,
 }
 
 impl std::fmt::Debug for CudaAllocator {
@@ -173,16 +192,21 @@ impl CudaAllocator {
         let backend = CudaBackend::new(Arc::clone(&ctx))?;
         let streams = backend.stream_registry();
         let core = CachingCore::new(backend, settings)?.with_device_index(ordinal);
-        Ok(CudaAllocator {
+        let internal = CudaAllocator {
             inner: Allocator::from_core(core),
             shared: Arc::new(Shared {
                 ctx,
                 id: NEXT_ALLOCATOR_ID.fetch_add(1, Ordering::Relaxed),
                 streams,
                 auto_record: AtomicBool::new(true),
+                data_ordering: AtomicBool::new(true),
+                closed: AtomicBool::new(false),
+                owner: OnceLock::new(),
                 raw: Mutex::new(FxHashSet::default()),
             }),
-        })
+            owner: None,
+        };
+        Ok(internal.open())
     }
 
     /// An allocator for `ctx`'s device with the settings of [`ALLOC_CONF_ENV`]
@@ -300,12 +324,10 @@ impl CudaAllocator {
     /// ```
     pub fn alloc(&self, bytes: usize, stream: &Arc<CudaStream>) -> Result<DeviceBlock, CudaError> {
         let address = self.malloc_on(bytes as u64, stream)?;
-        Ok(DeviceBlock::new(
-            self.clone(),
-            Arc::clone(stream),
-            address,
-            bytes,
-        ))
+        // The block holds this thread's anchor for (allocator, stream), not a clone of the
+        // allocator: no counter shared between threads is touched (see `anchor`).
+        let anchor = self.anchor(stream);
+        Ok(DeviceBlock::new(anchor, address, bytes))
     }
 
     fn typed_block<T>(
