@@ -16,9 +16,9 @@ use cudarc::driver::{CudaContext, CudaStream, DriverError, LaunchArgs, PushKerne
 use rustc_hash::FxHashMap;
 
 use super::buffer::{DeviceBlock, DeviceBuffer};
-use super::view::{DeviceView, DeviceViewMut};
 use super::error::CudaError;
 use super::streams::{StreamRegistry, stream_id};
+use super::view::{DeviceView, DeviceViewMut};
 use crate::backend::{Backend, BackendError, EventId, MemInfo, StreamId};
 use crate::policy::SegmentInfo;
 

@@ -408,7 +408,10 @@ impl<T> DeviceBuffer<T> {
 
     /// A writable view of the values in `range`, or `None` if `range` is not within
     /// `0..len()`.
-    pub fn try_slice_mut(&mut self, range: impl RangeBounds<usize>) -> Option<DeviceViewMut<'_, T>> {
+    pub fn try_slice_mut(
+        &mut self,
+        range: impl RangeBounds<usize>,
+    ) -> Option<DeviceViewMut<'_, T>> {
         let (start, end) = to_range(range, self.len)?;
         Some(DeviceViewMut::new(
             &self.block,

@@ -63,11 +63,11 @@ use cudarc::driver::{CudaContext, CudaStream, DeviceRepr, ValidAsZeroBits};
 
 pub use backend::CudaBackend;
 pub use buffer::{DeviceBlock, DeviceBuffer, Plain};
-pub use launch::{KernelArg, Launch};
-pub use view::{DeviceView, DeviceViewMut};
 pub use error::CudaError;
+pub use launch::{KernelArg, Launch};
 pub use streams::stream_id;
 pub use summary::memory_summary;
+pub use view::{DeviceView, DeviceViewMut};
 
 use crate::backend::MemInfo;
 use crate::error::Error;
