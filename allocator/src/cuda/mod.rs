@@ -26,8 +26,17 @@
 //! does not reveal the launch stream), and raw addresses. For those, call
 //! [`DeviceBuffer::record_stream`] (or [`CudaAllocator::record_stream`] for raw pointers), or
 //! take the address through `buf.device_ptr(&stream)`, which records. Uses on the buffer's
-//! own stream never need recording. Ordering the *data* between streams (making stream B wait
-//! until stream A has written a buffer) stays the program's job, as in PyTorch: `b.join(&a)`.
+//! own stream never need recording.
+//!
+//! # Data ordering between streams
+//!
+//! The same calls also keep the other half of cudarc's contract, as `CudaSlice` does: the
+//! using stream first waits for the buffer's last write on any other stream (and, to write,
+//! for its last reads), with events, so a buffer written on stream A and read on stream B needs
+//! no `b.join(&a)`. Uses on the buffer's own stream make no driver call for this. A raw
+//! `.arg(&buf)` on another stream is ordered by nothing: join the streams yourself, or use
+//! [`Launch`]. [`CudaAllocator::set_data_ordering`] switches it off (as cudarc's
+//! `disable_event_tracking` does), leaving the ordering to the program as in PyTorch.
 //!
 //! ```no_run
 //! use cachalot::cuda::CudaAllocator;
@@ -139,9 +148,10 @@ struct Shared {
 /// cache, the statistics and the settings).
 ///
 /// Allocations return owned [`DeviceBlock`]s and [`DeviceBuffer`]s that go back to the cache
-/// when dropped; each holds a clone of the allocator, so dropping the allocator while buffers
-/// are alive is safe. When the last clone and the last buffer are gone, every segment is
-/// returned to the driver.
+/// when dropped. Each keeps the allocator alive (through a per-thread anchor, not a clone: see
+/// BENCHMARKS.md), so dropping the allocator while buffers are alive is safe. When the
+/// program drops its last clone, the allocator closes: its cache and its raw allocations go
+/// back to the driver at once, and each live buffer's memory goes back when it is dropped.
 ///
 /// ```no_run
 /// use cachalot::cuda::CudaAllocator;
