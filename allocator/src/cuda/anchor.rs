@@ -15,6 +15,12 @@
 //! buffer dropped gives its segment back as soon as it is empty. The allocator's own small
 //! state (its backend, streams and spare events) goes when the last anchor does: at each
 //! thread's next allocation through any allocator, or when the thread exits.
+//!
+//! Why not a lifetime (`DeviceBuffer<'alloc, T>`)? It would be free at run time, but a cudarc
+//! program keeps its `CudaSlice`s in structs, caches and channels with no lifetime; a buffer
+//! that borrows its allocator could not stand in for one. Why not leak the allocator when the
+//! program drops it while buffers live? Its cache would never go back. Anchors cost one
+//! uncontended reference count per buffer and keep both properties.
 
 use std::cell::RefCell;
 
