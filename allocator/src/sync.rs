@@ -43,6 +43,6 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// the policy over the simulated device, never the driver).
 #[cfg(feature = "cuda")]
 pub(crate) mod real {
-    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    pub(crate) use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+    pub(crate) use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 }
