@@ -340,14 +340,17 @@ fn human_report(r: &ExplainReport, top: usize, html: Option<&std::path::Path>) -
         }
     }
     line(String::new());
-    line(format!(
-        "advice (each line replayed{}):",
-        if r.advice_start == StartMode::LiveTensors {
-            ", from the tensors live when recording began"
-        } else {
-            ""
-        }
-    ));
+    let baseline = r.advice.first().map_or(0, |a| a.baseline_peak_bytes);
+    line(if r.advice_start == StartMode::LiveTensors && r.start != StartMode::LiveTensors {
+        format!(
+            "advice (each line replayed, all from the tensors live when recording began, where these \
+             settings peak at {}; the recorded run's own state peaks at {}):",
+            human(baseline),
+            human(r.peak_reserved_bytes)
+        )
+    } else {
+        "advice (each line replayed):".to_string()
+    });
     for a in &r.advice {
         line(format!("  - {}", a.text));
     }

@@ -190,14 +190,25 @@ ul.advice li { margin-bottom: 0.4em; }
     var s = g.stack || {};
     if (s.op || s.autograd_node)
       detail.appendChild(el("div", {}, [s.autograd_node ? "autograd node " + s.autograd_node : "", s.op || ""].filter(Boolean).join(" · ")));
-    var ol = el("ol");
-    (g.frames || []).forEach(function (f) {
-      var py = /\.py:\d+ /.test(f);
-      var lib = py && /(site-packages|dist-packages|\/lib\/python3|^<)/.test(f);
-      ol.appendChild(el("li", { "class": py ? (lib ? "lib" : "user") : "cpp" }, f));
-    });
-    if (!(g.frames || []).length) detail.appendChild(el("div", {}, "No frames recorded for this group."));
-    else detail.appendChild(ol);
+    // The Python frames, innermost first (the user's own in bold), then the C++ frames folded.
+    var frames = g.frames || [], py = [], cpp = [];
+    frames.forEach(function (f) { (/\.py:\d+ /.test(f) ? py : cpp).push(f); });
+    if (!frames.length) detail.appendChild(el("div", {}, "No frames recorded for this group."));
+    if (py.length) {
+      var ol = el("ol", { id: "detail-python" });
+      py.forEach(function (f) {
+        var lib = /(site-packages|dist-packages|\/lib\/python3|^<)/.test(f);
+        ol.appendChild(el("li", { "class": lib ? "lib" : "user" }, f));
+      });
+      detail.appendChild(ol);
+    }
+    if (cpp.length) {
+      var d = el("details"), ol2 = el("ol", { "class": "cpp" });
+      d.appendChild(el("summary", {}, cpp.length + " C++ frames"));
+      cpp.forEach(function (f) { ol2.appendChild(el("li", { "class": "cpp" }, f)); });
+      d.appendChild(ol2);
+      detail.appendChild(d);
+    }
   }
   groups.forEach(function (g, i) {
     var tr = el("tr", { "data-group": String(i) });

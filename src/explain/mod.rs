@@ -195,7 +195,7 @@ pub fn breakdown(stepper: &Stepper, origins: &[Origin], frames: &FrameTable) -> 
     });
     let mut groups: Vec<Group> = Vec::new();
     let mut by_key: HashMap<String, usize> = HashMap::new();
-    let mut summaries: HashMap<(crate::snapshot::StackId, bool), StackSummary> = HashMap::new();
+    let mut summaries: HashMap<(Option<crate::snapshot::StackId>, bool), StackSummary> = HashMap::new();
     let mut largest_stack: Vec<crate::snapshot::StackId> = Vec::new();
     let mut free: HashMap<(u64, bool, bool), FreeBySize> = HashMap::new();
     let (mut live_bytes, mut live_requested, mut live_tensors) = (0u64, 0u64, 0usize);
@@ -225,12 +225,16 @@ pub fn breakdown(stepper: &Stepper, origins: &[Origin], frames: &FrameTable) -> 
                     live_tensors += 1;
                     let origin = handles.get(&b.address).and_then(|&h| origins.get(h));
                     let (stack, before) = match origin {
-                        Some(o) => (o.stack, o.entry.is_none()),
-                        None => (crate::snapshot::StackId::EMPTY, true),
+                        Some(o) => (Some(o.stack), o.entry.is_none()),
+                        None => (None, false),
                     };
                     let summary = summaries
                         .entry((stack, before))
-                        .or_insert_with(|| summarize(frames, stack, before));
+                        .or_insert_with(|| match stack {
+                            Some(stack) => summarize(frames, stack, before),
+                            None => stacks::unattributed(stacks::NOT_A_TENSOR),
+                        });
+                    let stack = stack.unwrap_or(crate::snapshot::StackId::EMPTY);
                     let g = *by_key.entry(summary.key.clone()).or_insert_with(|| {
                         groups.push(Group {
                             label: summary.label.clone(),
