@@ -12,7 +12,7 @@ use cachalot::Settings;
 use cachalot_tools::explain::stacks::{BEFORE_RECORDING, NO_STACK, NOT_A_TENSOR};
 use cachalot_tools::explain::{At, Breakdown, breakdown, origins, survey};
 use cachalot_tools::replay::{H200_MEMORY, StartMode, Stepper};
-use cachalot_tools::snapshot::{ReplayOptions, Snapshot, read_snapshot, replay_ops_from};
+use cachalot_tools::snapshot::{ReplayOp, ReplayOptions, Snapshot, read_snapshot, replay_ops_from};
 
 mod common;
 use common::fixtures_root;
@@ -51,8 +51,7 @@ fn check_accounting(what: &str, b: &Breakdown, s: &Stepper) {
     let sum: u64 = b.groups.iter().map(|g| g.bytes).sum();
     assert_eq!(sum, b.live_bytes, "{what}: groups sum to live_bytes");
     assert_eq!(
-        b.live_bytes,
-        stats.allocated_bytes.all.current as u64,
+        b.live_bytes, stats.allocated_bytes.all.current as u64,
         "{what}: live_bytes is the allocator's allocated_bytes"
     );
     assert_eq!(
@@ -62,8 +61,7 @@ fn check_accounting(what: &str, b: &Breakdown, s: &Stepper) {
     );
     assert_eq!(b.live_tensors, s.live_handles().count(), "{what}: tensors");
     assert_eq!(
-        b.reserved_bytes,
-        stats.reserved_bytes.all.current as u64,
+        b.reserved_bytes, stats.reserved_bytes.all.current as u64,
         "{what}: reserved"
     );
     assert_eq!(
@@ -112,16 +110,33 @@ fn every_live_byte_is_grouped_at_the_peaks_and_along_the_way_on_the_frame_bearin
             let program = replay_ops_from(trace, &options, &start).0;
             let origins = origins(&snapshot, trace.device, &program);
             assert_eq!(origins.len(), program.num_handles(), "{name}");
+            // Two independent mappings from operations back to the trace agree: every
+            // allocation's entry, and the operation's own entry.
+            assert_eq!(program.op_entries.len(), program.ops.len(), "{name}");
+            assert!(
+                program.op_entries.windows(2).all(|w| w[0] <= w[1]),
+                "{name}"
+            );
+            for (i, op) in program.ops.iter().enumerate() {
+                if let ReplayOp::Alloc { id, .. } = *op {
+                    assert_eq!(
+                        origins[id].entry,
+                        Some(program.op_entries[i]),
+                        "{name} op {i}"
+                    );
+                }
+            }
             let sv = survey(&program, &settings, H200_MEMORY, mode).unwrap();
             let n = program.ops.len();
             if n == 0 {
                 continue; // a device whose trace holds only a `snapshot` entry
             }
             let moments = [
-                sv.ops_before(At::PeakReserved),
-                sv.ops_before(At::PeakAllocated),
-                sv.ops_before(At::Op(n / 3)),
-                sv.ops_before(At::Op(n - 1)),
+                sv.ops_before(At::PeakReserved, &program),
+                sv.ops_before(At::PeakAllocated, &program),
+                sv.ops_before(At::Op(n / 3), &program),
+                sv.ops_before(At::Entry(trace.entries.len() / 2), &program),
+                sv.ops_before(At::Op(n - 1), &program),
             ];
             let mut user_frames = false;
             for ops in moments {
@@ -166,13 +181,22 @@ fn the_peaks_are_the_replays_peaks() {
     let snapshot = read_snapshot(&path).unwrap();
     let trace = &snapshot.traces[0];
     let program = replay_ops_from(trace, &ReplayOptions::default(), &Default::default()).0;
-    let sv = survey(&program, &Settings::pytorch(), H200_MEMORY, StartMode::Exact).unwrap();
+    let sv = survey(
+        &program,
+        &Settings::pytorch(),
+        H200_MEMORY,
+        StartMode::Exact,
+    )
+    .unwrap();
     let max_reserved = sv.timeline.iter().map(|x| x.reserved).max().unwrap();
     let max_allocated = sv.timeline.iter().map(|x| x.allocated).max().unwrap();
     // PyTorch's max_memory_reserved() and max_memory_allocated() for this run.
     assert_eq!(max_reserved, 2_122_317_824);
     assert_eq!(sv.timeline[sv.peak_reserved_after].reserved, max_reserved);
-    assert_eq!(sv.timeline[sv.peak_allocated_after].allocated, max_allocated);
+    assert_eq!(
+        sv.timeline[sv.peak_allocated_after].allocated,
+        max_allocated
+    );
     assert!(
         sv.timeline[..sv.peak_reserved_after]
             .iter()
@@ -251,7 +275,11 @@ fn the_advice_is_backed_by_replays_it_names() {
         exp["text"]
     );
     // oversize_max_split was recorded under max_split_size_mb:64; dropping it helps.
-    let v = json(&["explain", &fixture("traces/oversize_max_split.pickle"), "--json"]);
+    let v = json(&[
+        "explain",
+        &fixture("traces/oversize_max_split.pickle"),
+        "--json",
+    ]);
     let ms = v["advice"]
         .as_array()
         .unwrap()
@@ -268,7 +296,12 @@ fn the_advice_is_backed_by_replays_it_names() {
 #[test]
 fn bad_moments_and_settings_are_refused_with_a_message() {
     let out = cachalot()
-        .args(["explain", &fixture("traces/two_stream.pickle"), "--at", "soon"])
+        .args([
+            "explain",
+            &fixture("traces/two_stream.pickle"),
+            "--at",
+            "soon",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));

@@ -123,7 +123,11 @@ fn the_page_renders_in_a_headless_browser_adds_up_and_its_rows_open_their_frames
             .arg(fixtures_root().join(fixture))
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         let live = report["live_bytes"].as_u64().unwrap();
         let groups = report["groups"].as_array().unwrap();
@@ -131,7 +135,10 @@ fn the_page_renders_in_a_headless_browser_adds_up_and_its_rows_open_their_frames
 
         let html = std::fs::read_to_string(&page).unwrap();
         for external in ["src=", "href=", "<link", "@import", "url("] {
-            assert!(!html.contains(external), "{fixture}: {external} in the page");
+            assert!(
+                !html.contains(external),
+                "{fixture}: {external} in the page"
+            );
         }
 
         let dom = dump_dom(&browser, &page, &format!("#group={group}"));
@@ -158,7 +165,13 @@ fn the_page_renders_in_a_headless_browser_adds_up_and_its_rows_open_their_frames
         );
         assert_eq!(
             attr_of(&dom, "detail-bytes", "data-bytes"),
-            Some(groups[group]["bytes"].as_u64().unwrap().to_string().as_str()),
+            Some(
+                groups[group]["bytes"]
+                    .as_u64()
+                    .unwrap()
+                    .to_string()
+                    .as_str()
+            ),
             "{fixture}"
         );
         let python_frames = groups[group]["frames"]
@@ -169,7 +182,8 @@ fn the_page_renders_in_a_headless_browser_adds_up_and_its_rows_open_their_frames
             .count();
         if python_frames > 0 {
             assert_eq!(
-                dom.matches("<li class=\"user\">").count() + dom.matches("<li class=\"lib\">").count(),
+                dom.matches("<li class=\"user\">").count()
+                    + dom.matches("<li class=\"lib\">").count(),
                 python_frames,
                 "{fixture}: the group's Python frames listed"
             );

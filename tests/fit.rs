@@ -53,10 +53,17 @@ fn the_smallest_capacity_fits_and_one_step_below_fails() {
             assert!(at.fits && at.ooms == 0, "{what}: fits at {min}");
             assert!(at.peak_reserved_bytes <= min, "{what}");
             let below = found.below.unwrap();
-            assert!(!below.fits && below.ooms > 0, "{what}: fails at {}", min - GRANULE);
+            assert!(
+                !below.fits && below.ooms > 0,
+                "{what}: fails at {}",
+                min - GRANULE
+            );
             assert!(below.first_failure.is_some(), "{what}");
             // Below the peak of what the trace keeps live no allocator can run it.
-            assert!(min >= found.unconstrained.peak_allocated_bytes / 2, "{what}");
+            assert!(
+                min >= found.unconstrained.peak_allocated_bytes / 2,
+                "{what}"
+            );
         }
     }
 }
@@ -116,7 +123,10 @@ fn the_verdict_flips_exactly_at_the_smallest_device() {
         let v = json(&out);
         let reserve = v["reserve_bytes"].as_u64().unwrap();
         let policies = v["policies"].as_array().unwrap();
-        let names: Vec<&str> = policies.iter().map(|p| p["name"].as_str().unwrap()).collect();
+        let names: Vec<&str> = policies
+            .iter()
+            .map(|p| p["name"].as_str().unwrap())
+            .collect();
         assert_eq!(names, ["pytorch", "expandable", "cachalot"], "{rel}");
         for p in policies {
             let min = p["min_device_bytes"].as_u64().unwrap();
@@ -143,7 +153,13 @@ fn the_verdict_flips_exactly_at_the_smallest_device() {
 
         let below = (min - GRANULE).to_string();
         let fails = cachalot(&[
-            "fit", &path, "--policy", "pytorch", "--json", "--device-memory", &below,
+            "fit",
+            &path,
+            "--policy",
+            "pytorch",
+            "--json",
+            "--device-memory",
+            &below,
         ]);
         assert_eq!(fails.status.code(), Some(3), "{rel} at {below}");
         assert!(String::from_utf8_lossy(&fails.stderr).contains("does not fit"));
@@ -186,7 +202,15 @@ fn a_recorded_memory_fraction_asks_for_a_larger_device() {
 #[test]
 fn the_reserve_and_the_limit_can_be_chosen() {
     let path = fixture("traces/two_stream.pickle");
-    let v = json(&cachalot(&["fit", &path, "--reserve", "0", "--policy", "pytorch", "--json"]));
+    let v = json(&cachalot(&[
+        "fit",
+        &path,
+        "--reserve",
+        "0",
+        "--policy",
+        "pytorch",
+        "--json",
+    ]));
     let p = &v["policies"][0];
     assert_eq!(p["min_device_bytes"], p["min_allocator_bytes"]);
     let v = json(&cachalot(&[
@@ -225,7 +249,10 @@ fn bad_options_are_refused_with_a_message() {
     for (args, says) in [
         (vec!["--policy", "nope"], "unknown policy"),
         (vec!["--memory-fraction", "2"], "between 0 and 1"),
-        (vec!["--config", "expandable_segments:Maybe"], "expandable_segments"),
+        (
+            vec!["--config", "expandable_segments:Maybe"],
+            "expandable_segments",
+        ),
         (vec!["--device-memory", "12 parsecs"], "unit"),
     ] {
         let mut all = vec!["fit", path.as_str()];

@@ -22,8 +22,9 @@ use super::units::{self, grouped, human};
 pub struct ExplainArgs {
     /// The snapshot (a `torch.cuda.memory._dump_snapshot()` pickle, optionally gzipped).
     pub trace: PathBuf,
-    /// The moment: `peak-reserved` (the default), `peak-allocated`, or an operation index
-    /// (`op:N` or `N`: right after operation N of the replay program).
+    /// The moment: `peak-reserved` (the default), `peak-allocated`, an operation index (`op:N`
+    /// or `N`: right after operation N of the replay program) or a trace entry (`entry:N`:
+    /// right after the trace's entry N, as memory_viz numbers them).
     #[arg(long, value_name = "WHEN", value_parser = parse_at, default_value = "peak-reserved")]
     pub at: At,
     /// Settings on top of the trace's recorded ones (PYTORCH_CUDA_ALLOC_CONF syntax).
@@ -50,6 +51,11 @@ fn parse_at(s: &str) -> Result<At, String> {
     match s {
         "peak-reserved" | "reserved" => Ok(At::PeakReserved),
         "peak-allocated" | "allocated" => Ok(At::PeakAllocated),
+        other if other.starts_with("entry:") => other["entry:".len()..]
+            .replace('_', "")
+            .parse::<usize>()
+            .map(At::Entry)
+            .map_err(|_| format!("\"{s}\": entry:N takes a trace entry index")),
         other => other
             .strip_prefix("op:")
             .unwrap_or(other)
@@ -57,7 +63,10 @@ fn parse_at(s: &str) -> Result<At, String> {
             .parse::<usize>()
             .map(At::Op)
             .map_err(|_| {
-                format!("\"{s}\": say peak-reserved, peak-allocated, or an operation index (op:N)")
+                format!(
+                    "\"{s}\": say peak-reserved, peak-allocated, an operation index (op:N) or a \
+                     trace entry (entry:N)"
+                )
             }),
     }
 }
@@ -65,13 +74,13 @@ fn parse_at(s: &str) -> Result<At, String> {
 /// The moment explained, for the report.
 #[derive(Debug, Serialize)]
 pub struct Moment {
-    /// `peak_reserved`, `peak_allocated` or `op`.
+    /// `peak_reserved`, `peak_allocated`, `op` or `entry`.
     pub kind: &'static str,
     /// Operations run before it.
     pub ops_before: usize,
     /// The operation that made it (`None`: the start).
     pub op: Option<usize>,
-    /// That operation's trace entry, when it is an allocation.
+    /// The trace entry that operation came from.
     pub trace_entry: Option<usize>,
     /// For people.
     pub description: String,
@@ -174,8 +183,19 @@ pub fn run(args: &ExplainArgs) -> Result<(), CliError> {
     } else {
         human_report(&report, args.top, args.html.as_deref())
     };
-    println!("{text}");
-    Ok(())
+    emit(&text)
+}
+
+/// Prints `text` and a newline on stdout; a reader that went away (`| head`) is no error.
+pub fn emit(text: &str) -> Result<(), CliError> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match writeln!(out, "{text}").and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(CliError::run(format!("cannot write the report: {e}")))
+        }
+        _ => Ok(()),
+    }
 }
 
 fn run_error(trace: &Trace, e: cachalot_tools::replay::ReplayError) -> CliError {
@@ -204,6 +224,7 @@ fn moment(at: At, b: &Breakdown, trace: &Trace) -> Moment {
         At::PeakReserved => "peak_reserved",
         At::PeakAllocated => "peak_allocated",
         At::Op(_) => "op",
+        At::Entry(_) => "entry",
     };
     let entry = b.trace_entry.and_then(|e| {
         trace
@@ -216,7 +237,7 @@ fn moment(at: At, b: &Breakdown, trace: &Trace) -> Moment {
     let what = match at {
         At::PeakReserved => "the peak of reserved memory",
         At::PeakAllocated => "the peak of allocated memory",
-        At::Op(_) => "the moment asked for",
+        At::Op(_) | At::Entry(_) => "the moment asked for",
     };
     let description = match (b.op, entry) {
         (None, _) => format!("{what}: when recording began, before the first operation"),
@@ -341,16 +362,18 @@ fn human_report(r: &ExplainReport, top: usize, html: Option<&std::path::Path>) -
     }
     line(String::new());
     let baseline = r.advice.first().map_or(0, |a| a.baseline_peak_bytes);
-    line(if r.advice_start == StartMode::LiveTensors && r.start != StartMode::LiveTensors {
-        format!(
-            "advice (each line replayed, all from the tensors live when recording began, where these \
+    line(
+        if r.advice_start == StartMode::LiveTensors && r.start != StartMode::LiveTensors {
+            format!(
+                "advice (each line replayed, all from the tensors live when recording began, where these \
              settings peak at {}; the recorded run's own state peaks at {}):",
-            human(baseline),
-            human(r.peak_reserved_bytes)
-        )
-    } else {
-        "advice (each line replayed):".to_string()
-    });
+                human(baseline),
+                human(r.peak_reserved_bytes)
+            )
+        } else {
+            "advice (each line replayed):".to_string()
+        },
+    );
     for a in &r.advice {
         line(format!("  - {}", a.text));
     }

@@ -296,7 +296,7 @@ pub fn run(args: &FitArgs) -> Result<(), CliError> {
     } else {
         human_report(&report, &trace)
     };
-    println!("{text}");
+    super::explain::emit(&text)?;
     match report.policies.first().and_then(|p| p.verdict.as_ref()) {
         Some(v) if !v.fits => Err(CliError {
             code: 3,

@@ -224,6 +224,15 @@ pub fn with_empty_cache_before(program: &ReplayProgram, op: usize) -> ReplayProg
     let mut p = program.clone();
     let at = op.min(p.ops.len());
     p.ops.insert(at, ReplayOp::EmptyCache);
+    if at <= p.op_entries.len() && !p.op_entries.is_empty() {
+        let entry = p
+            .op_entries
+            .get(at)
+            .or(p.op_entries.last())
+            .copied()
+            .unwrap_or(0);
+        p.op_entries.insert(at, entry);
+    }
     for (i, _) in p.segment_at.iter_mut() {
         if *i >= at {
             *i += 1;

@@ -34,6 +34,8 @@ pub enum At {
     PeakAllocated,
     /// Right after operation `n` of the program.
     Op(usize),
+    /// Right after trace entry `n` (the operations made from entries `0..=n` have run).
+    Entry(usize),
 }
 
 /// The first pass over a program: its timeline and where the peaks are.
@@ -84,12 +86,14 @@ pub fn survey(
 }
 
 impl Survey {
-    /// Operations run before the moment `at` (clamped to the program's length).
-    pub fn ops_before(&self, at: At) -> usize {
+    /// Operations of `program` run before the moment `at` (clamped to the program's length).
+    pub fn ops_before(&self, at: At, program: &ReplayProgram) -> usize {
+        let n = self.timeline.len() - 1;
         match at {
             At::PeakReserved => self.peak_reserved_after,
             At::PeakAllocated => self.peak_allocated_after,
-            At::Op(n) => (n + 1).min(self.timeline.len() - 1),
+            At::Op(i) => (i + 1).min(n),
+            At::Entry(e) => program.op_entries.partition_point(|&x| x <= e).min(n),
         }
     }
 }
@@ -146,7 +150,7 @@ pub struct Breakdown {
     pub ops_before: usize,
     /// The operation that made the moment (`ops_before − 1`), `None` at the start.
     pub op: Option<usize>,
-    /// The trace entry of that operation, when it is an allocation.
+    /// The trace entry that operation came from.
     pub trace_entry: Option<usize>,
     /// Reserved bytes.
     pub reserved_bytes: u64,
@@ -189,13 +193,11 @@ pub fn breakdown(stepper: &Stepper, origins: &[Origin], frames: &FrameTable) -> 
     let handles: HashMap<u64, usize> = stepper.live_handles().map(|(h, a)| (a, h)).collect();
     let ops_before = stepper.position();
     let op = ops_before.checked_sub(1);
-    let trace_entry = op.and_then(|i| match stepper.program().ops[i] {
-        crate::snapshot::ReplayOp::Alloc { id, .. } => origins.get(id).and_then(|o| o.entry),
-        _ => None,
-    });
+    let trace_entry = op.and_then(|i| stepper.program().op_entries.get(i).copied());
     let mut groups: Vec<Group> = Vec::new();
     let mut by_key: HashMap<String, usize> = HashMap::new();
-    let mut summaries: HashMap<(Option<crate::snapshot::StackId>, bool), StackSummary> = HashMap::new();
+    let mut summaries: HashMap<(Option<crate::snapshot::StackId>, bool), StackSummary> =
+        HashMap::new();
     let mut largest_stack: Vec<crate::snapshot::StackId> = Vec::new();
     let mut free: HashMap<(u64, bool, bool), FreeBySize> = HashMap::new();
     let (mut live_bytes, mut live_requested, mut live_tensors) = (0u64, 0u64, 0usize);
@@ -328,7 +330,7 @@ pub fn explain(
 ) -> Result<(Survey, Breakdown), ReplayError> {
     let survey = survey(program, settings, capacity, start)?;
     let mut s = Stepper::new(program, settings.clone(), capacity, start)?;
-    s.run_to(survey.ops_before(at))?;
+    s.run_to(survey.ops_before(at, program))?;
     let origins = origins(snapshot, device, program);
     let b = breakdown(&s, &origins, &snapshot.frames);
     Ok((survey, b))

@@ -179,7 +179,8 @@ pub const NO_STACK: &str =
 
 /// The group of allocated blocks that are no live tensor of the program: never seen in a
 /// faithful replay (the tests check that it stays empty), kept so that every byte is counted.
-pub const NOT_A_TENSOR: &str = "allocated blocks that are no live tensor of the program (a replay inconsistency)";
+pub const NOT_A_TENSOR: &str =
+    "allocated blocks that are no live tensor of the program (a replay inconsistency)";
 
 /// The summary of a group with no stack, labelled `label`.
 pub fn unattributed(label: &str) -> StackSummary {
@@ -221,11 +222,7 @@ pub fn summarize(table: &FrameTable, id: StackId, before_recording: bool) -> Sta
     // The innermost operator that is not a plain factory (`empty_like` inside `cudnn_batch_norm`
     // says less than the operator that called it); a factory when nothing else is named.
     let ops: Vec<String> = frames.iter().filter_map(|f| aten_op(&f.name)).collect();
-    let op = ops
-        .iter()
-        .find(|o| !is_factory(o))
-        .or(ops.first())
-        .cloned();
+    let op = ops.iter().find(|o| !is_factory(o)).or(ops.first()).cloned();
     let autograd_node = frames.iter().find_map(|f| autograd_node(&f.name));
     let mut key = String::new();
     for f in &user_frames {
