@@ -175,15 +175,16 @@ pub fn advise(setup: &AdviceSetup, b: &Breakdown) -> Result<Vec<Advice>, ReplayE
         let alt = setup.peak(settings, &with)?;
         let text = if alt + NOISE <= base {
             format!(
-                "torch.cuda.empty_cache() right before operation {op} would give back {} cached in wholly free segments (peak reserved {})",
+                "torch.cuda.empty_cache() right before operation {op} (where {} sits in wholly free segments) would lower the peak by {} (peak reserved {})",
                 human(b.releasable_bytes),
+                human(base - alt),
                 change(base, alt)
             )
         } else {
             format!(
-                "torch.cuda.empty_cache() right before operation {op} would not lower the peak (peak reserved {}): the {} it gives back is taken again",
-                change(base, alt),
-                human(b.releasable_bytes)
+                "torch.cuda.empty_cache() right before operation {op} (where {} sits in wholly free segments) would not lower the peak (peak reserved {}): what it gives back is taken again",
+                human(b.releasable_bytes),
+                change(base, alt)
             )
         };
         out.push(Advice {
