@@ -172,14 +172,16 @@ def main():
         failed += not row["pass"]
         rows.append(row)
 
-    machine = subprocess.run(
-        ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-        capture_output=True, text=True,
-    ).stdout.strip()
-    torch_v = subprocess.run(
-        [sys.executable, "-c", "import torch; print(torch.__version__, torch.version.cuda)"],
-        capture_output=True, text=True,
-    ).stdout.strip()
+    def text_of(cmd):
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout.strip()
+        except (OSError, subprocess.SubprocessError) as err:
+            return f"({' '.join(cmd[:1])}: {err})"
+
+    machine = text_of(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                       "--format=csv,noheader"])
+    torch_v = text_of([sys.executable, "-c",
+                       "import torch; print(torch.__version__, torch.version.cuda)"])
     doc = {
         "what": "cachalot fit predictions checked with PyTorch's own allocator under "
         "set_per_process_memory_fraction: fits at the prediction, runs out of memory 2 MiB below",
