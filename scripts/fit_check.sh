@@ -57,7 +57,7 @@ fi
 head -40 "$OUT/unet/unet_train_eval.fit.txt" "$OUT/unet/unet_eval.fit.txt" 2>/dev/null
 stamp fit-check
 python3 "$HERE/fit_check.py" --cachalot "$CACHALOT" --predictions results/fit/predictions.json \
-  --work /tmp/cachalot-fit-check --out "$OUT/fit_check" --jobs "$JOBS" > "$OUT/fit_check.log" 2>&1 || rc=1
+  --work /tmp/cachalot-fit-check --out "$OUT/fit_check" --jobs "$JOBS" --timeout 120 > "$OUT/fit_check.log" 2>&1 || rc=1
 tail -25 "$OUT/fit_check.log"
 stamp fit-check-unet
 if [ -f "$OUT/unet/unet_train_eval.pickle.gz" ]; then
@@ -65,7 +65,7 @@ if [ -f "$OUT/unet/unet_train_eval.pickle.gz" ]; then
     --fixtures "unet_train_eval=$OUT/unet/unet_train_eval.pickle.gz" "unet_eval=$OUT/unet/unet_eval.pickle.gz" \
     > "$OUT/unet/predictions.log" 2>&1 || rc=1
   python3 "$HERE/fit_check.py" --cachalot "$CACHALOT" --predictions "$OUT/unet/predictions.json" \
-    --work /tmp/cachalot-fit-check-unet --out "$OUT/fit_check_unet" --jobs "$JOBS" > "$OUT/fit_check_unet.log" 2>&1 || rc=1
+    --work /tmp/cachalot-fit-check-unet --out "$OUT/fit_check_unet" --jobs "$JOBS" --timeout 120 > "$OUT/fit_check_unet.log" 2>&1 || rc=1
   tail -8 "$OUT/fit_check_unet.log"
 fi
 stamp done
