@@ -16,6 +16,9 @@ use serde::Serialize;
 use crate::snapshot::ReplayProgram;
 
 mod interpret;
+mod step;
+
+pub use step::Stepper;
 
 pub use interpret::{
     Executed, Interpreter, ReplayTarget, StartFailure, is_side_stream, side_stream,

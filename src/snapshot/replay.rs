@@ -65,6 +65,10 @@ pub struct ReplayProgram {
     /// The blocks live at the start, as handles `0..initial.len()` (the trace's `Alloc`s
     /// follow): the frees the trace records for them refer to these handles.
     pub initial: Vec<InitialHandle>,
+    /// Per operation, the index of the trace entry it came from (for an `EmptyCache`, the
+    /// first `segment_free` of its run): nondecreasing, as long as `ops` when the program was
+    /// converted from a trace (empty for a program built by hand).
+    pub op_entries: Vec<usize>,
 }
 
 /// A block live when recording began, as a handle of a [`ReplayProgram`].
@@ -303,12 +307,14 @@ pub fn replay_ops_from(
                     size: e.size,
                     stream: e.stream,
                 });
+                program.op_entries.push(i);
                 report.allocs += 1;
             }
             Action::FreeRequested => match live.get_mut(&e.addr) {
                 Some(l) if !l.requested => {
                     l.requested = true;
                     program.ops.push(ReplayOp::FreeRequested { id: l.id });
+                    program.op_entries.push(i);
                     report.frees_requested += 1;
                 }
                 _ => report.unmatched_frees += 1,
@@ -317,11 +323,13 @@ pub fn replay_ops_from(
                 Some(l) => {
                     if !l.requested {
                         program.ops.push(ReplayOp::FreeRequested { id: l.id });
+                        program.op_entries.push(i);
                         report.frees_requested += 1;
                     } else if program.ops.last() != Some(&ReplayOp::FreeRequested { id: l.id }) {
                         report.deferred_frees += 1;
                     }
                     program.ops.push(ReplayOp::FreeCompleted { id: l.id });
+                    program.op_entries.push(i);
                     report.frees_completed += 1;
                 }
                 None => report.unmatched_frees += 1,
@@ -356,6 +364,7 @@ pub fn replay_ops_from(
                     size: e.size,
                     stream: e.stream,
                 });
+                program.op_entries.push(i);
                 next_id += 1;
                 report.failed_allocs += 1;
             }
@@ -381,6 +390,7 @@ pub fn replay_ops_from(
                     report.internal_releases += 1;
                 } else {
                     program.ops.push(ReplayOp::EmptyCache);
+                    program.op_entries.push(i);
                     report.empty_caches += 1;
                 }
                 i = end;
