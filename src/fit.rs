@@ -81,7 +81,7 @@ pub const POLICIES: &[Policy] = &[
     },
     Policy {
         name: "cachalot",
-        label: "cachalot's policy (Settings::cachalot(); replayed on one thread it makes PyTorch's decisions)",
+        label: "cachalot's policy (Settings::cachalot(); rules 20 and 21: expandable segments, 2 MiB pages, reclaim before growing)",
         settings: |recorded| {
             let mut s = Settings::cachalot();
             s.per_process_memory_fraction = recorded.per_process_memory_fraction;
