@@ -60,10 +60,10 @@ impl Settings {
                 bool_word(self.expandable_segments)
             ));
         }
-        if self.per_process_memory_fraction != d.per_process_memory_fraction {
-            if let Some(x) = self.per_process_memory_fraction {
-                parts.push(format!("{}:{}", Key::MemoryFraction.name(), x));
-            }
+        if self.per_process_memory_fraction != d.per_process_memory_fraction
+            && let Some(x) = self.per_process_memory_fraction
+        {
+            parts.push(format!("{}:{}", Key::MemoryFraction.name(), x));
         }
         if self.backend != d.backend {
             parts.push(format!("{}:{}", Key::Backend.name(), self.backend));

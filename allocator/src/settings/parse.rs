@@ -279,7 +279,7 @@ pub(super) fn check_fraction(x: f64) -> Result<f64, &'static str> {
 
 /// `expandable_page_mb` (rule 19's large-pool page): an even number of MiB in [2, 1024].
 pub(super) fn check_page_mb(mb: u64) -> Result<u64, &'static str> {
-    if (2..=MAX_PAGE_MB).contains(&mb) && mb % 2 == 0 {
+    if (2..=MAX_PAGE_MB).contains(&mb) && mb.is_multiple_of(2) {
         Ok(mb)
     } else {
         Err("must be an even number in [2, 1024]")
