@@ -25,6 +25,10 @@ repeat=${REPEAT:-3}
 # (both the GPU replay and the simulated replay of its snapshot run with it).
 config_args=()
 if [ -n "${CONFIG:-}" ]; then config_args=(--config "$CONFIG"); fi
+# POLICY=cachalot: replay under cachalot's own policy (rules 20, 21) instead of PyTorch's
+# settings; the snapshot then records cachalot's settings, and its simulated replay reads them.
+policy_args=(--pytorch)
+if [ "${POLICY:-pytorch}" = cachalot ]; then policy_args=(); fi
 backend=${BACKEND:-cuda} # BACKEND=sim: a dry run of this script on a machine without a GPU
 mkdir -p "$out"
 work=$(mktemp -d)
@@ -37,7 +41,7 @@ for trace in tests/fixtures/traces/*.pickle; do
     name=$(basename "$trace" .pickle)
     snap="$out/gpu_$name.pickle.gz"
     json="$out/gpu_$name.result.json"
-    "$bin" replay "$trace" --pytorch "${config_args[@]}" --backend "$backend" --repeat "$repeat" --json \
+    "$bin" replay "$trace" "${policy_args[@]}" "${config_args[@]}" --backend "$backend" --repeat "$repeat" --json \
         --snapshot-out "$snap" >"$json"
     total=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["device_total_bytes"])' "$json")
     sim_snap="$work/sim_$name.pickle.gz"

@@ -7,7 +7,10 @@
 //! reference model side by side) is the separate, unpublished `cachalot-harness` crate
 //! (`harness/`); this crate depends on no test crate.
 
+pub mod explain;
 pub mod export;
+pub mod fit;
 pub mod replay;
 pub mod selfcheck;
 pub mod snapshot;
+pub mod units;

@@ -90,3 +90,42 @@ fn compare_needs_a_trace() {
     let out = cachalot(&["compare", "--config", "max_split_size_mb:64"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn compare_without_config_sets_cachalots_policy_beside_pytorchs_two() {
+    let t = fixture("bert_infer");
+    let out = cachalot(&["compare", t.to_str().unwrap(), "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let configs: Vec<&str> = j["configs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        configs,
+        [
+            "PyTorch (recorded settings)",
+            "PyTorch + expandable_segments:True",
+            "cachalot's policy"
+        ]
+    );
+    let r = &j["traces"][0]["results"];
+    let peak = |i: usize| r[i]["peak_reserved_bytes"].as_u64().unwrap();
+    // bert_infer (variable shapes) is where PyTorch strands the most: its expandable
+    // segments hold less than its defaults, and cachalot's policy less than both, within
+    // rule 20's 2.5 % of the peak requested bytes plus one 2 MiB page.
+    assert!(peak(1) < peak(0), "{r}");
+    assert!(peak(2) < peak(1), "{r}");
+    let requested = r[2]["peak_requested_bytes"].as_u64().unwrap();
+    assert!(
+        peak(2) as f64 <= requested as f64 * 1.025 + (2 << 20) as f64,
+        "{r}"
+    );
+    assert_eq!(r[2]["config"], "");
+}

@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 
 use cachalot_tools::snapshot::{
-    Action, BlockStatus, Figures, ReplayOp, ReplayOptions, Snapshot, read_figures, read_snapshot,
-    replay_ops, replay_ops_with,
+    Action, BlockStatus, Figures, ReplayOp, ReplayOptions, Snapshot, SnapshotExt, read_figures,
+    read_snapshot, replay_ops, replay_ops_with,
 };
 
 mod common;

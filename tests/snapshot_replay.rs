@@ -198,6 +198,7 @@ fn a_release_of_a_segment_that_could_serve_the_request_is_an_empty_cache() {
     }
     let options = ReplayOptions {
         max_split_size: Some(96 * MIB),
+        reclaims: false,
     };
     let (_, r) = replay_ops_with(&t, &options);
     assert_eq!((r.internal_releases, r.empty_caches), (1, 0));

@@ -13,8 +13,8 @@ use cachalot::Settings;
 use cachalot_tools::replay::{ReplayConfig, StartMode, replay};
 use cachalot_tools::selfcheck::check_final_state;
 use cachalot_tools::snapshot::{
-    Action, BlockStatus, DeviceTrace, ReplayOptions, Snapshot, StartState, read_figures_for,
-    read_snapshot, replay_ops_from, write_snapshot,
+    Action, BlockStatus, DeviceTrace, ReplayOptions, Snapshot, SnapshotExt, StartState,
+    read_figures_for, read_snapshot, replay_ops_from, write_snapshot,
 };
 
 mod common;

@@ -78,6 +78,60 @@ fn table<B: Backend + Send>(
     }
 }
 
+/// What a buffer holds to keep its allocator alive, on the simulated device: wall time per
+/// cache-hit pair (512 B, cachalot's settings) with nothing, with a clone of one `Arc` shared
+/// by every thread (how `DeviceBlock` held its allocator before: two such clones per block),
+/// and with a clone of an `Arc` of the thread's own (the per-thread anchor it holds now).
+fn handles(streams: &[StreamId]) {
+    println!("\nsimulated device, 512 B, cachalot settings: what each block holds");
+    print!("{:>22}", "handle per block");
+    for t in THREADS {
+        print!(" | {:>9}", format!("{t} thr"));
+    }
+    println!();
+    let a = Allocator::new(SimDevice::new(64 << 30), Settings::cachalot()).unwrap();
+    let shared = std::sync::Arc::new(0u64);
+    for (name, kind) in [
+        ("none", 0),
+        ("2 shared Arc clones", 2),
+        ("1 per-thread Arc", 1),
+    ] {
+        print!("{name:>22}");
+        for &threads in &THREADS {
+            let start = Barrier::new(threads + 1);
+            let end = Barrier::new(threads + 1);
+            let per_thread = PAIRS / threads as u64;
+            let ns = std::thread::scope(|s| {
+                for &stream in &streams[..threads] {
+                    let (a, start, end, shared) = (&a, &start, &end, &shared);
+                    s.spawn(move || {
+                        let mine = std::sync::Arc::new(0u64);
+                        start.wait();
+                        for _ in 0..per_thread {
+                            let p = a.malloc(std::hint::black_box(512), stream).unwrap();
+                            let held = match kind {
+                                2 => (Some(shared.clone()), Some(shared.clone())),
+                                1 => (Some(mine.clone()), None),
+                                _ => (None, None),
+                            };
+                            std::hint::black_box(&held);
+                            a.free(std::hint::black_box(p)).unwrap();
+                            drop(held);
+                        }
+                        end.wait();
+                    });
+                }
+                start.wait();
+                let t = Instant::now();
+                end.wait();
+                t.elapsed().as_secs_f64() * 1e9 / (per_thread * threads as u64) as f64
+            });
+            print!(" | {ns:>6.1} ns");
+        }
+        println!();
+    }
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let sim_streams: Vec<StreamId> = (0..8).map(StreamId).collect();
     table(
@@ -85,6 +139,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         &mut |s| Allocator::new(SimDevice::new(64 << 30), s).unwrap(),
         &sim_streams,
     );
+    handles(&sim_streams);
     gpu()
 }
 

@@ -14,12 +14,13 @@ use rustc_hash::FxHashMap;
 
 use crate::backend::{Backend, StreamId};
 use crate::error::Error;
+use crate::history::HistoryOptions;
 use crate::invariants::InvariantViolation;
 use crate::policy::{AdoptedSegment, CachingCore, SegmentInfo};
 use crate::settings::Settings;
 use crate::sizes::MAX_ALLOC_SIZE;
 use crate::stats::Stats;
-use crate::sync::{Arc, Mutex, MutexGuard, lock};
+use crate::sync::{Arc, AtomicUsize, Mutex, MutexGuard, Ordering, lock};
 use crate::thread_cache::{self, Local, LocalState, Meta, Registry};
 
 /// A caching allocator for one device: `Send + Sync`, and cheap to clone (clones share the
@@ -31,7 +32,9 @@ use crate::thread_cache::{self, Local, LocalState, Meta, Registry};
 /// Kept blocks still count as allocated in [`Allocator::stats`]; [`Allocator::empty_cache`],
 /// an out-of-memory retry, [`Allocator::flush_thread_cache`] and the thread's exit give them
 /// back. With [`Settings::pytorch`] every call takes one lock around the policy core, as
-/// PyTorch's allocator does.
+/// PyTorch's allocator does. While the history is recorded ([`Allocator::record_history`]),
+/// thread caches are flushed and bypassed, so that every allocation and free is recorded as
+/// the program made it.
 ///
 /// ```
 /// # if cachalot::LOOM_BUILD { return; } // built for loom: an Allocator lives in a loom model only
@@ -61,7 +64,11 @@ struct Shared<B: Backend> {
     inner: Mutex<Inner<B>>,
     registry: Arc<Registry>,
     /// `Settings::thread_cache_blocks`: blocks each thread may keep (0: no thread caches).
-    capacity: usize,
+    configured: usize,
+    /// Blocks each thread may keep now: `configured`, or 0 while the history is recorded
+    /// (every allocation and free then reaches the core, which records it as the program made
+    /// it). Changed only under the shared lock; read once per call on the fast paths.
+    capacity: AtomicUsize,
 }
 
 impl<B: Backend> Drop for Shared<B> {
@@ -90,7 +97,7 @@ impl<B: Backend> Clone for Allocator<B> {
 impl<B: Backend> std::fmt::Debug for Allocator<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Allocator")
-            .field("thread_cache_blocks", &self.shared.capacity)
+            .field("thread_cache_blocks", &self.shared.configured)
             .finish_non_exhaustive()
     }
 }
@@ -153,7 +160,8 @@ impl<B: Backend> Allocator<B> {
                     owners: FxHashMap::default(),
                 }),
                 registry: Arc::new(Registry::new()),
-                capacity,
+                configured: capacity,
+                capacity: AtomicUsize::new(capacity),
             }),
         }
     }
@@ -174,7 +182,7 @@ impl<B: Backend> Allocator<B> {
     /// the same stream comes back first, without the shared lock (rule 17).
     #[inline]
     pub fn malloc(&self, size: u64, stream: StreamId) -> Result<u64, Error> {
-        let capacity = self.shared.capacity;
+        let capacity = self.shared.capacity.load(Ordering::Relaxed);
         if capacity == 0 || size == 0 || size > MAX_ALLOC_SIZE {
             return self.lock().core.malloc(size, stream);
         }
@@ -220,9 +228,16 @@ impl<B: Backend> Allocator<B> {
     /// when the cache is full (rule 17).
     #[inline]
     pub fn free(&self, address: u64) -> Result<(), Error> {
-        let capacity = self.shared.capacity;
+        let capacity = self.shared.capacity.load(Ordering::Relaxed);
         if capacity == 0 {
-            return self.lock().core.free(address);
+            let mut g = self.lock();
+            // With thread caches configured but bypassed (history recording), a block handed
+            // to a thread before is still in its books: the slow path takes it out.
+            if g.owners.is_empty() {
+                return g.core.free(address);
+            }
+            drop(g);
+            return self.free_slow(address);
         }
         if address == 0 {
             return Ok(());
@@ -249,9 +264,11 @@ impl<B: Backend> Allocator<B> {
         };
         let mine = thread_cache::with_local(&self.shared.registry, |l| Arc::ptr_eq(l, &owner))
             .unwrap_or(false);
-        if mine && !meta.uses {
+        // Read under the shared lock, which recording's start holds while it sets it to 0.
+        let capacity = self.shared.capacity.load(Ordering::Relaxed);
+        if mine && !meta.uses && capacity > 0 {
             // The cache is full (or was when the fast path looked): the oldest block leaves.
-            if st.parked.len() >= self.shared.capacity {
+            if st.parked.len() >= capacity {
                 let (oldest, _) = st.parked.remove(0);
                 inner.owners.remove(&oldest);
                 let r = inner.core.free(oldest);
@@ -347,11 +364,11 @@ impl<B: Backend> Allocator<B> {
         let mut seen = 0usize;
         for (i, local) in g.threads.iter().enumerate() {
             let st = lock(&local.state);
-            if st.parked.len() > self.shared.capacity {
+            if st.parked.len() > self.shared.configured {
                 return Err(InvariantViolation::ThreadCacheOverfull {
                     thread: i,
                     kept: st.parked.len(),
-                    capacity: self.shared.capacity,
+                    capacity: self.shared.configured,
                 });
             }
             let addresses = st.live.keys().chain(st.parked.iter().map(|(a, _)| a));
@@ -389,6 +406,88 @@ impl<B: Backend> Allocator<B> {
     /// The settings in force (a copy).
     pub fn settings(&self) -> Settings {
         self.lock().core.settings().clone()
+    }
+
+    /// Starts, resizes or stops recording the history, as PyTorch's
+    /// `torch.cuda.memory._record_memory_history(max_entries=...)`: `Some(n)` keeps the last
+    /// `n` entries in a ring (`usize::MAX`: everything); `None` or `Some(0)` stops and drops
+    /// what was recorded. See [`CachingCore::record_history`].
+    ///
+    /// While recording, thread caches are flushed and bypassed (each allocation and free takes
+    /// the shared lock, as under [`Settings::pytorch`]), so the history holds every allocation
+    /// and free as the program made it, and the statistics and the layout are exactly what a
+    /// replay of the history gives. A block a thread was freeing at the very moment recording
+    /// began may stay in that thread's cache until the next flush (its free is then recorded
+    /// when it is flushed).
+    ///
+    /// ```
+    /// # if cachalot::LOOM_BUILD { return; }
+    /// use cachalot::{Allocator, Settings, SimDevice, StreamId};
+    ///
+    /// let alloc = Allocator::new(SimDevice::new(1 << 30), Settings::default()).unwrap();
+    /// alloc.record_history(Some(100_000));
+    /// let p = alloc.malloc(4096, StreamId(0)).unwrap();
+    /// alloc.free(p).unwrap();
+    /// assert_eq!(alloc.history().len(), 4); // segment_alloc, alloc, free_requested, free_completed
+    /// alloc.record_history(None);
+    /// assert!(alloc.history().is_empty());
+    /// ```
+    pub fn record_history(&self, max_entries: Option<usize>) {
+        self.record_history_with(max_entries.filter(|&n| n > 0).map(HistoryOptions::new));
+    }
+
+    /// [`Allocator::record_history`] with every option (Rust backtraces as each entry's
+    /// frames: [`HistoryOptions::with_backtraces`]); `None` stops.
+    pub fn record_history_with(&self, options: Option<HistoryOptions>) {
+        let mut g = self.lock();
+        if options.is_some() {
+            // Bypass the caches first, then give back what they hold (not recorded: the
+            // program freed those blocks before recording began).
+            self.shared.capacity.store(0, Ordering::Relaxed);
+            g.flush_all();
+        } else {
+            self.shared
+                .capacity
+                .store(self.shared.configured, Ordering::Relaxed);
+        }
+        g.core.record_history_with(options);
+    }
+
+    /// How the history is being recorded, or `None` when it is not.
+    pub fn history_options(&self) -> Option<crate::history::HistoryOptions> {
+        self.lock().core.history_options()
+    }
+
+    /// The events recorded so far, oldest first; see [`CachingCore::history`].
+    pub fn history(&self) -> Vec<crate::history::TraceEvent> {
+        self.lock().core.history()
+    }
+
+    /// The recorded history and the state now as a PyTorch memory snapshot (what
+    /// `torch.cuda.memory._snapshot()` returns): the segments and blocks, the history as the
+    /// device's trace with its clock times and, when recorded, backtraces as frames, and the
+    /// settings. Backtraces are resolved after the lock is released.
+    #[cfg(feature = "snapshot")]
+    pub fn snapshot(&self) -> crate::snapshot::Snapshot {
+        let (segments, recorded, settings, device) = {
+            let g = self.lock();
+            (
+                g.core.segments(),
+                g.core.recorded_history(),
+                g.core.settings().clone(),
+                g.core.device_index(),
+            )
+        };
+        crate::snapshot::live_snapshot(&segments, &recorded, &settings, device)
+    }
+
+    /// Writes [`Allocator::snapshot`] to `path` in PyTorch's pickle format, as
+    /// `torch.cuda.memory._dump_snapshot(path)` does: `python -m torch.cuda._memory_viz` and
+    /// `cachalot replay` read it.
+    #[cfg(feature = "snapshot")]
+    pub fn dump_snapshot(&self, path: impl AsRef<std::path::Path>) -> std::io::Result<()> {
+        let snapshot = self.snapshot();
+        crate::snapshot::write_snapshot(&snapshot, std::fs::File::create(path)?)
     }
 
     /// Rule 18: takes over a segment the device already holds, with its layout; see

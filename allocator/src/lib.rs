@@ -33,6 +33,11 @@
 //!   of `cuda-11040` … `cuda-13040` (`cuda-12080` by default; with several, cudarc takes the
 //!   highest).
 //!
+//! - `snapshot` (default): [`snapshot`], PyTorch's memory-snapshot format — the types, the
+//!   writer, and the snapshot of an allocator's recorded history (`Allocator::dump_snapshot`,
+//!   `CudaAllocator::dump_snapshot`), readable by `python -m torch.cuda._memory_viz` and
+//!   `cachalot replay`.
+//!
 //! cachalot never turns on cudarc's `nvrtc`; a program that compiles kernels asks its own
 //! cudarc for it. `docs/CUDA.md` has the dependency lines.
 
@@ -47,6 +52,8 @@ mod invariants;
 pub mod policy;
 pub mod settings;
 pub mod sizes;
+#[cfg(feature = "snapshot")]
+pub mod snapshot;
 pub mod stats;
 mod sync;
 mod thread_cache;
@@ -58,7 +65,7 @@ pub use block::BlockState;
 pub use cuda::{CudaAllocator, CudaError, DeviceBlock, DeviceBuffer};
 pub use error::{Error, OutOfMemory};
 pub use frontend::Allocator;
-pub use history::{TraceAction, TraceEvent};
+pub use history::{HistoryOptions, RecordedEvent, TraceAction, TraceEvent};
 pub use invariants::InvariantViolation;
 pub use policy::{AdoptedBlock, AdoptedSegment, AdoptedState, BlockInfo, CachingCore, SegmentInfo};
 pub use settings::{Settings, SettingsError};

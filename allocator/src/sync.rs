@@ -6,18 +6,23 @@
 //! gives each modelled thread its own value and drops it when the thread ends.
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicBool, Ordering};
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 #[cfg(not(loom))]
 pub(crate) use std::sync::{Arc, Mutex, MutexGuard};
 #[cfg(not(loom))]
 pub(crate) use std::thread_local;
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicBool, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 #[cfg(loom)]
 pub(crate) use loom::sync::{Arc, Mutex, MutexGuard};
 #[cfg(loom)]
 pub(crate) use loom::thread_local;
+
+/// A backtrace recorded in the history, shared (never changed) between the history and the
+/// snapshots taken of it, so symbols are resolved outside the allocator's lock. The standard
+/// library's `Arc` under loom too: it only counts references to immutable data.
+pub(crate) type SharedBacktrace = std::sync::Arc<std::backtrace::Backtrace>;
 
 /// Locks a mutex, carrying on through poisoning: the core's state is updated in sub-steps that
 /// each leave it consistent, so a panic in another thread never leaves it half-changed.
@@ -38,6 +43,6 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// the policy over the simulated device, never the driver).
 #[cfg(feature = "cuda")]
 pub(crate) mod real {
-    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    pub(crate) use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+    pub(crate) use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 }

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use arbitrary::{Arbitrary, Unstructured};
 use cachalot::{CachingCore, Error, Settings, SimDevice, StreamId};
 use cachalot_tools::snapshot::{
-    ReadLimits, parse_snapshot, parse_snapshot_with_limits, write_snapshot,
+    ReadLimits, SnapshotExt, parse_snapshot, parse_snapshot_with_limits, write_snapshot,
 };
 
 use crate::draw::{Draws, draw};

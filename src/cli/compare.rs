@@ -3,6 +3,11 @@
 //! The one rule: the first column is always the baseline — PyTorch's defaults plus the
 //! settings each trace was recorded with, the replay that reproduces PyTorch — so every other
 //! setting is read against what PyTorch really did.
+//!
+//! With no `--config`, the columns are the three allocators a user chooses between: PyTorch's
+//! defaults (the baseline), PyTorch with `expandable_segments:True` (over the recorded
+//! settings), and cachalot's own policy (`Settings::cachalot()`, rule 21 of ARCHITECTURE.md,
+//! with only the recorded memory fraction kept).
 
 use cachalot::Settings;
 use cachalot_tools::replay::ReplayConfig;
@@ -15,6 +20,52 @@ use super::{BackendKind, CliError, CompareArgs, plot};
 
 /// The baseline column's label.
 const BASELINE: &str = "PyTorch (recorded settings)";
+/// The default second column's label.
+const PYTORCH_EXPANDABLE: &str = "PyTorch + expandable_segments:True";
+/// The default third column's label.
+const CACHALOT_POLICY: &str = "cachalot's policy";
+
+/// One column: the settings a trace is replayed under.
+struct Column {
+    label: String,
+    /// Start from PyTorch's defaults (else cachalot's).
+    pytorch: bool,
+    /// Apply the settings the trace was recorded with.
+    recorded: bool,
+    /// A configuration string applied last.
+    config: Option<String>,
+}
+
+/// The columns of a comparison: the baseline, then each `--config`, or the default three.
+fn columns(args: &CompareArgs) -> Vec<Column> {
+    let mut cols = vec![Column {
+        label: BASELINE.into(),
+        pytorch: true,
+        recorded: true,
+        config: None,
+    }];
+    if args.config.is_empty() {
+        cols.push(Column {
+            label: PYTORCH_EXPANDABLE.into(),
+            pytorch: true,
+            recorded: true,
+            config: Some("expandable_segments:True".into()),
+        });
+        cols.push(Column {
+            label: CACHALOT_POLICY.into(),
+            pytorch: false,
+            recorded: false,
+            config: None,
+        });
+    }
+    cols.extend(args.config.iter().map(|c| Column {
+        label: c.clone(),
+        pytorch: args.pytorch,
+        recorded: false,
+        config: Some(c.clone()),
+    }));
+    cols
+}
 
 /// The JSON form of a comparison.
 #[derive(Debug, Serialize)]
@@ -39,16 +90,14 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
     for conf in &args.config {
         apply_config(&Settings::pytorch(), conf)?;
     }
-    let mut labels = vec![BASELINE.to_string()];
-    labels.extend(args.config.iter().cloned());
+    let cols = columns(args);
+    let labels: Vec<String> = cols.iter().map(|c| c.label.clone()).collect();
     let mut rows = Vec::new();
     for path in &args.traces {
         let trace = input::load(path, None)?;
         let mut results = Vec::new();
-        let baseline = trace.settings(true, true, None)?;
-        results.push(one(&trace, baseline, args.repeat)?);
-        for conf in &args.config {
-            let settings = trace.settings(args.pytorch, false, Some(conf))?;
+        for c in &cols {
+            let settings = trace.settings(c.pytorch, c.recorded, c.config.as_deref())?;
             results.push(one(&trace, settings, args.repeat)?);
         }
         rows.push(TraceRow {
@@ -118,7 +167,7 @@ fn table(labels: &[String], rows: &[TraceRow], geomean: &[f64]) -> String {
         "peak reserved",
         "vs baseline",
         "fragmentation",
-        "device allocs",
+        "driver calls",
         "ns/op",
     ];
     let mut cells: Vec<Vec<String>> = Vec::new();
@@ -146,7 +195,7 @@ fn table(labels: &[String], rows: &[TraceRow], geomean: &[f64]) -> String {
                 human(r.peak_reserved_bytes),
                 versus,
                 format!("{:.3}", r.fragmentation),
-                r.device_allocs.to_string(),
+                (r.device_allocs + r.device_frees).to_string(),
                 format!("{:.0}", r.ns_per_op),
             ]);
         }

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use cachalot::Settings;
 use cachalot_tools::replay::H200_MEMORY;
 use cachalot_tools::snapshot::{
-    Figures, ReplayOptions, ReplayProgram, ReplayReport, Snapshot, StartError, StartState,
-    read_figures_for, read_snapshot, replay_ops_from,
+    Figures, ReplayOptions, ReplayProgram, ReplayReport, Snapshot, SnapshotExt, StartError,
+    StartState, read_figures_for, read_snapshot, replay_ops_from,
 };
 
 use super::CliError;

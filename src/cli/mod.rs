@@ -8,6 +8,8 @@
 
 mod compare;
 mod cuda;
+mod explain;
+mod fit;
 mod input;
 mod ops;
 mod plot;
@@ -36,6 +38,12 @@ pub enum Command {
     Replay(ReplayArgs),
     /// Replay traces under several settings and print one table.
     Compare(CompareArgs),
+    /// The smallest GPU a trace runs on without running out of memory, under each policy;
+    /// with --device-memory, whether it fits on that one (exit code 3 when it does not).
+    Fit(fit::FitArgs),
+    /// What holds the memory at the peak (or any operation): live tensors by allocation
+    /// stack, what empty_cache() would give back, what is stranded, and replayed advice.
+    Explain(explain::ExplainArgs),
 }
 
 /// Where a replay runs.
@@ -134,7 +142,9 @@ pub struct CompareArgs {
     pub traces: Vec<PathBuf>,
     /// Settings to compare, in PYTORCH_CUDA_ALLOC_CONF syntax (repeat the option for more).
     /// The first column is always the baseline: PyTorch's defaults plus the settings each
-    /// trace was recorded with.
+    /// trace was recorded with. Without any, the columns are the baseline, PyTorch with
+    /// expandable segments, and cachalot's own policy. "driver calls" counts device
+    /// allocations and frees, or page map and unmap steps under expandable segments.
     #[arg(long, value_name = "CONF")]
     pub config: Vec<String>,
     /// Apply each --config over PyTorch's defaults instead of cachalot's.
@@ -154,7 +164,7 @@ pub struct CompareArgs {
 /// A failure that ends the program, with its exit code.
 #[derive(Debug)]
 pub struct CliError {
-    /// 2 for bad input, 1 for failures while running.
+    /// 2 for bad input, 1 for failures while running, 3 for `cachalot fit`'s "does not fit".
     pub code: u8,
     /// What to print (after `cachalot: `).
     pub message: String,
@@ -184,6 +194,8 @@ pub fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Replay(args) => replay::run(args),
         Command::Compare(args) => compare::run(args),
+        Command::Fit(args) => fit::run(args),
+        Command::Explain(args) => explain::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

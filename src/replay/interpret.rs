@@ -127,6 +127,15 @@ impl Interpreter {
         self.live.iter().copied().filter(|&a| a != 0)
     }
 
+    /// The handles live now, as `(handle, address)`, by handle.
+    pub fn live_handles(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
+        self.live
+            .iter()
+            .enumerate()
+            .filter(|&(_, &a)| a != 0)
+            .map(|(id, &a)| (id, a))
+    }
+
     /// Puts `target` in the state the program's recording began in
     /// ([`ReplayProgram::start`], [`ReplayProgram::initial`]), as `mode` says.
     pub fn set_up_start<T: ReplayTarget>(

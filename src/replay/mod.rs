@@ -16,6 +16,9 @@ use serde::Serialize;
 use crate::snapshot::ReplayProgram;
 
 mod interpret;
+mod step;
+
+pub use step::Stepper;
 
 pub use interpret::{
     Executed, Interpreter, ReplayTarget, StartFailure, is_side_stream, side_stream,
@@ -241,7 +244,7 @@ pub fn replay_on_full<B: Backend>(
     progress: &mut dyn FnMut(usize),
 ) -> Result<ReplayOutcome, ReplayError> {
     if config.record_history {
-        core.record_history(true);
+        core.record_history(Some(usize::MAX));
     }
     let mut pass = Pass::new(program, config.timeline);
     pass.set_up_start(&mut core, &mut complete, program, config.start)?;
@@ -260,8 +263,8 @@ pub fn replay_on_full<B: Backend>(
     let stats = core.stats().clone();
     let final_layout = core.segments();
     let history = if config.record_history {
-        let history = core.history().to_vec();
-        core.record_history(false);
+        let history = core.history();
+        core.record_history(None);
         history
     } else {
         Vec::new()

@@ -65,6 +65,10 @@ pub struct ReplayProgram {
     /// The blocks live at the start, as handles `0..initial.len()` (the trace's `Alloc`s
     /// follow): the frees the trace records for them refer to these handles.
     pub initial: Vec<InitialHandle>,
+    /// Per operation, the index of the trace entry it came from (for an `EmptyCache`, the
+    /// first `segment_free` of its run): nondecreasing, as long as `ops` when the program was
+    /// converted from a trace (empty for a program built by hand).
+    pub op_entries: Vec<usize>,
 }
 
 /// A block live when recording began, as a handle of a [`ReplayProgram`].
@@ -101,13 +105,26 @@ pub struct ReplayOptions {
     /// The allocator's `max_split_size` in bytes, if one was set (a cached block at least this
     /// large never serves a smaller request).
     pub max_split_size: Option<u64>,
+    /// Whether the allocator reclaims before growing (cachalot's rule 20: expandable segments
+    /// with `reclaim_headroom`): then a run of page unmaps directly followed by page maps and
+    /// an allocation is that allocation's own reclaim, which the replayed allocator makes by
+    /// itself, not the program's `empty_cache()`.
+    pub reclaims: bool,
 }
 
 impl ReplayOptions {
     /// The options matching a snapshot's recorded allocator settings (defaults when `None`).
+    /// Reclaiming is read off the recorded configuration string, applied over PyTorch's
+    /// defaults (cachalot writes its own keys there; PyTorch's strings never name them).
     pub fn from_settings(settings: Option<&AllocatorSettings>) -> ReplayOptions {
+        let reclaims = settings.is_some_and(|s| {
+            cachalot::Settings::pytorch()
+                .apply(&s.alloc_conf)
+                .is_ok_and(|c| c.expandable_segments && c.reclaim_headroom.is_some())
+        });
         ReplayOptions {
             max_split_size: settings.and_then(|s| s.max_split_size),
+            reclaims,
         }
     }
 }
@@ -181,6 +198,11 @@ const SMALL_REQUEST: u64 = 1 << 20;
 ///    device allocation would have succeeded without releasing anything, as the same device
 ///    once held that much. Reserved bytes are counted from the start of the trace, so the
 ///    segments held before recording began shift both sides equally.)
+///
+/// Under cachalot's rule 20 ([`ReplayOptions::reclaims`]) a run of `segment_unmap` entries
+/// alone, directly followed by `segment_map` entries and an `alloc`, is that allocation's
+/// reclaim and is left out too (an `empty_cache()` called right before such an allocation would
+/// be taken for one).
 ///
 /// A run followed by an `oom` entry is PyTorch releasing its cache before failing an
 /// allocation: it is left out, and the failed allocation is replayed as an `Alloc` (which
@@ -285,12 +307,14 @@ pub fn replay_ops_from(
                     size: e.size,
                     stream: e.stream,
                 });
+                program.op_entries.push(i);
                 report.allocs += 1;
             }
             Action::FreeRequested => match live.get_mut(&e.addr) {
                 Some(l) if !l.requested => {
                     l.requested = true;
                     program.ops.push(ReplayOp::FreeRequested { id: l.id });
+                    program.op_entries.push(i);
                     report.frees_requested += 1;
                 }
                 _ => report.unmatched_frees += 1,
@@ -299,11 +323,13 @@ pub fn replay_ops_from(
                 Some(l) => {
                     if !l.requested {
                         program.ops.push(ReplayOp::FreeRequested { id: l.id });
+                        program.op_entries.push(i);
                         report.frees_requested += 1;
                     } else if program.ops.last() != Some(&ReplayOp::FreeRequested { id: l.id }) {
                         report.deferred_frees += 1;
                     }
                     program.ops.push(ReplayOp::FreeCompleted { id: l.id });
+                    program.op_entries.push(i);
                     report.frees_completed += 1;
                 }
                 None => report.unmatched_frees += 1,
@@ -338,6 +364,7 @@ pub fn replay_ops_from(
                     size: e.size,
                     stream: e.stream,
                 });
+                program.op_entries.push(i);
                 next_id += 1;
                 report.failed_allocs += 1;
             }
@@ -363,6 +390,7 @@ pub fn replay_ops_from(
                     report.internal_releases += 1;
                 } else {
                     program.ops.push(ReplayOp::EmptyCache);
+                    program.op_entries.push(i);
                     report.empty_caches += 1;
                 }
                 i = end;
@@ -408,7 +436,8 @@ fn is_internal_release(
     let entries = &trace.entries;
     // Under expandable segments (rule 19) the retry maps pages (one or more `segment_map`)
     // and then allocates; whether a released page could have served it is not asked (pages
-    // are not blocks): the device being full decides.
+    // are not blocks): the device being full decides — or, under cachalot's rule 20, a run of
+    // unmaps alone is the allocation's reclaim.
     if entries
         .get(end)
         .is_some_and(|e| e.action == Action::SegmentMap)
@@ -419,8 +448,12 @@ fn is_internal_release(
             mapped += i128::from(m.size);
             j += 1;
         }
+        let reclaim = options.reclaims
+            && entries[start..end]
+                .iter()
+                .all(|e| e.action == Action::SegmentUnmap);
         return entries.get(j).is_some_and(|a| a.action == Action::Alloc)
-            && reserved_before[start] + mapped > peak;
+            && (reclaim || reserved_before[start] + mapped > peak);
     }
     let (Some(seg), Some(alloc)) = (entries.get(end), entries.get(end + 1)) else {
         return false;

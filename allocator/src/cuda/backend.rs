@@ -1,8 +1,9 @@
 //! The CUDA device behind the policy core: segments from `cuMemAlloc`, events from
 //! `cuEventCreate`, all through cudarc's driver bindings.
 //!
-//! The one rule: every `unsafe` block of cachalot lives in this file, each with a `// SAFETY:`
-//! comment, and every handle that reaches the driver was produced by the driver and checked
+//! The one rule: every `unsafe` block of cachalot that reaches the driver lives in this file
+//! (the rest of `cuda` has only the `unsafe fn`s that reinterpret a buffer's type), each with a
+//! `// SAFETY:` comment, and every handle that reaches the driver was produced by the driver and checked
 //! here first. The [`Backend`] trait is safe, so a caller may pass any address, stream id or
 //! event id: addresses are checked against the segments this backend allocated, events against
 //! the ones it created, and streams against the ones it was shown; anything else is refused
@@ -17,6 +18,7 @@ use rustc_hash::FxHashMap;
 use super::buffer::{DeviceBlock, DeviceBuffer};
 use super::error::CudaError;
 use super::streams::{StreamRegistry, stream_id};
+use super::view::{DeviceView, DeviceViewMut};
 use crate::backend::{Backend, BackendError, EventId, MemInfo, StreamId};
 use crate::policy::SegmentInfo;
 
@@ -390,15 +392,18 @@ impl Drop for CudaBackend {
             // SAFETY: each live segment came from cuMemAlloc and is freed once (drained from
             // the map); the context was synchronised above, so no work still accesses it. No
             // block can be in use: every user-held block keeps the allocator, and with it this
-            // backend, alive.
+            // backend, alive (through its anchor).
             let _ = unsafe { result::free_sync(address) };
         }
     }
 }
 
-// Kernel arguments: a buffer goes to a kernel as its device address. These impls record no
-// cross-stream use (cudarc's `LaunchArgs` does not reveal its stream); `super::Launch` does.
+// Kernel arguments: a buffer or view goes to a kernel as its device address. These impls order
+// and record nothing — cudarc's `LaunchArgs` does not reveal its stream — which is the raw
+// hazard documented on `DeviceBuffer`; `super::Launch` does both.
 
+/// A bare device address: **nothing is ordered or recorded** (cudarc does not reveal the launch
+/// stream). Fine on the block's own stream; on another, use [`Launch`](super::Launch).
 // SAFETY: the argument pushed is a reference to the block's `CUdeviceptr` (a `u64`, which is
 // `DeviceRepr`), borrowed for `'b: 'a`, so it outlives the launch builder that reads it.
 unsafe impl<'a, 'b: 'a> PushKernelArg<&'b DeviceBlock> for LaunchArgs<'a> {
@@ -408,6 +413,7 @@ unsafe impl<'a, 'b: 'a> PushKernelArg<&'b DeviceBlock> for LaunchArgs<'a> {
     }
 }
 
+/// A bare device address: nothing is ordered or recorded; see `&DeviceBlock`.
 // SAFETY: as for `&DeviceBlock`.
 unsafe impl<'a, 'b: 'a> PushKernelArg<&'b mut DeviceBlock> for LaunchArgs<'a> {
     #[inline(always)]
@@ -417,6 +423,8 @@ unsafe impl<'a, 'b: 'a> PushKernelArg<&'b mut DeviceBlock> for LaunchArgs<'a> {
     }
 }
 
+/// A bare device address: **nothing is ordered or recorded** (cudarc does not reveal the launch
+/// stream). Fine on the buffer's own stream; on another, use [`Launch`](super::Launch).
 // SAFETY: as for `&DeviceBlock`.
 unsafe impl<'a, 'b: 'a, T> PushKernelArg<&'b DeviceBuffer<T>> for LaunchArgs<'a> {
     #[inline(always)]
@@ -425,12 +433,43 @@ unsafe impl<'a, 'b: 'a, T> PushKernelArg<&'b DeviceBuffer<T>> for LaunchArgs<'a>
     }
 }
 
+/// A bare device address: nothing is ordered or recorded; see `&DeviceBuffer`.
 // SAFETY: as for `&DeviceBlock`.
 unsafe impl<'a, 'b: 'a, T> PushKernelArg<&'b mut DeviceBuffer<T>> for LaunchArgs<'a> {
     #[inline(always)]
     fn arg(&mut self, arg: &'b mut DeviceBuffer<T>) -> &mut Self {
         let arg: &'b DeviceBuffer<T> = arg;
         self.arg(arg.block().address_ref())
+    }
+}
+
+/// The view's device address: nothing is ordered or recorded; see `&DeviceBuffer`.
+// SAFETY: the argument pushed is a reference to the view's own address field (a `u64`),
+// borrowed with the view for `'b: 'a`, so it outlives the launch builder; the view borrows its
+// buffer, so the memory it points into outlives it too.
+unsafe impl<'a, 'b: 'a, 'v, T> PushKernelArg<&'b DeviceView<'v, T>> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b DeviceView<'v, T>) -> &mut Self {
+        self.arg(arg.address_ref())
+    }
+}
+
+/// The view's device address: nothing is ordered or recorded; see `&DeviceBuffer`.
+// SAFETY: as for `&DeviceView`.
+unsafe impl<'a, 'b: 'a, 'v, T> PushKernelArg<&'b DeviceViewMut<'v, T>> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b DeviceViewMut<'v, T>) -> &mut Self {
+        self.arg(arg.address_ref())
+    }
+}
+
+/// The view's device address: nothing is ordered or recorded; see `&DeviceBuffer`.
+// SAFETY: as for `&DeviceView`.
+unsafe impl<'a, 'b: 'a, 'v, T> PushKernelArg<&'b mut DeviceViewMut<'v, T>> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b mut DeviceViewMut<'v, T>) -> &mut Self {
+        let arg: &'b DeviceViewMut<'v, T> = arg;
+        self.arg(arg.address_ref())
     }
 }
 

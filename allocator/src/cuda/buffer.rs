@@ -1,26 +1,29 @@
 //! The memory users hold: [`DeviceBlock`] (bytes) and [`DeviceBuffer<T>`] (typed), each an owned
-//! allocation that goes back to the cache when dropped, and [`Launch`], a kernel launch that
-//! records the buffers it passes.
+//! allocation that goes back to the cache when dropped.
 //!
-//! The one rule: a buffer records every use on a stream other than its own, so the allocator
-//! never hands its memory out while that stream may still touch it. cudarc reveals the stream
-//! to [`DevicePtr::device_ptr`] and [`DevicePtrMut::device_ptr_mut`], so copies, memsets and
-//! anything else built on those traits record on their own; a kernel launch records through
-//! [`Launch`] (cudarc's `LaunchArgs` keeps its stream to itself).
+//! The one rule: a buffer keeps both halves of cudarc's stream contract on every use it can
+//! see. *Reuse*: a use on a stream other than its own is recorded, so the allocator never
+//! hands its memory out while that stream may still touch it. *Data*: a stream that uses it
+//! first waits for its last write, and one that writes it for its last reads, on any stream
+//! ([`super::ordering`]). cudarc reveals the stream to [`DevicePtr::device_ptr`] and
+//! [`DevicePtrMut::device_ptr_mut`], so copies, memsets, cuBLAS and anything else built on
+//! those traits are covered; a kernel launch is covered through [`Launch`](super::Launch)
+//! (cudarc's `LaunchArgs` keeps its stream to itself: a buffer pushed straight into it is a
+//! raw address, see [`DeviceBuffer`]). Uses on the buffer's own stream cost nothing.
 
-use crate::sync::real::Arc;
-use crate::sync::real::{AtomicU64, Ordering};
+use crate::sync::real::{Arc, AtomicU64, OnceLock, Ordering};
 use std::marker::PhantomData;
+use std::ops::RangeBounds;
 
 use cudarc::driver::sys::CUdeviceptr;
-use cudarc::driver::{
-    CudaFunction, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice, LaunchArgs,
-    PushKernelArg, SyncOnDrop,
-};
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice, SyncOnDrop};
 
 use super::CudaAllocator;
+use super::anchor::Anchor;
 use super::error::CudaError;
+use super::ordering::{Access, Tracking};
 use super::streams::stream_id;
+use super::view::{DeviceView, DeviceViewMut, to_range};
 
 /// No stream recorded yet.
 const NO_STREAM: u64 = u64::MAX;
@@ -34,11 +37,17 @@ const NO_STREAM: u64 = u64::MAX;
 /// may hold a previous buffer's data).
 ///
 /// **Streams.** The block belongs to the stream it was allocated on. Using it on another
-/// stream through [`DevicePtr`]/[`DevicePtrMut`] (every cudarc copy and memset) or [`Launch`]
-/// records that use, so that when the block is dropped its memory is not reused until the work
-/// queued on that stream by then has completed. A kernel argument pushed straight into
-/// cudarc's `LaunchArgs` records nothing: on another stream, use [`Launch`] or
-/// [`DeviceBlock::record_stream`]. Streams a block was used on should outlive the block.
+/// stream through [`DevicePtr`]/[`DevicePtrMut`] (every cudarc copy, memset and cuBLAS call)
+/// or [`Launch`](super::Launch) is ordered after its last write (and, to write, its last
+/// reads) wherever they ran, and recorded, so that when the block is dropped its memory is not
+/// reused until the work queued on that stream by then has completed.
+///
+/// **The raw hazard.** A block pushed straight into cudarc's `LaunchArgs`
+/// (`stream.launch_builder(&f).arg(&block)`) is passed as a bare address: cudarc does not tell
+/// cachalot the launch stream, so nothing is ordered or recorded. On the block's own stream
+/// that is all fine. On another stream, use [`Launch`](super::Launch) instead — or join the
+/// streams yourself *and* call [`DeviceBlock::record_stream`] before the block is dropped, or
+/// its memory may be handed out again while the kernel still runs.
 ///
 /// ```no_run
 /// use cachalot::cuda::CudaAllocator;
@@ -53,12 +62,14 @@ const NO_STREAM: u64 = u64::MAX;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct DeviceBlock {
-    alloc: CudaAllocator,
-    stream: Arc<CudaStream>,
+    /// The allocator and the stream, through this thread's anchor (see `anchor`).
+    anchor: Arc<Anchor>,
     address: CUdeviceptr,
     bytes: usize,
-    /// The stream whose use was recorded last, to skip recording it again.
+    /// The stream whose use was recorded last with the allocator, to skip recording it again.
     last_use: AtomicU64,
+    /// Data ordering, made at the first use on another stream.
+    tracking: OnceLock<Box<Tracking>>,
 }
 
 impl std::fmt::Debug for DeviceBlock {
@@ -66,24 +77,19 @@ impl std::fmt::Debug for DeviceBlock {
         f.debug_struct("DeviceBlock")
             .field("address", &format_args!("{:#x}", self.address))
             .field("bytes", &self.bytes)
-            .field("stream", &stream_id(&self.stream))
+            .field("stream", &self.anchor.stream_id)
             .finish()
     }
 }
 
 impl DeviceBlock {
-    pub(crate) fn new(
-        alloc: CudaAllocator,
-        stream: Arc<CudaStream>,
-        address: u64,
-        bytes: usize,
-    ) -> Self {
+    pub(crate) fn new(anchor: Arc<Anchor>, address: u64, bytes: usize) -> Self {
         DeviceBlock {
-            alloc,
-            stream,
+            anchor,
             address,
             bytes,
             last_use: AtomicU64::new(NO_STREAM),
+            tracking: OnceLock::new(),
         }
     }
 
@@ -104,28 +110,36 @@ impl DeviceBlock {
 
     /// The stream the block was allocated on.
     pub fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
+        &self.anchor.stream
     }
 
-    /// The allocator it came from.
-    pub fn allocator(&self) -> &CudaAllocator {
-        &self.alloc
+    /// A handle to the allocator it came from, while the program still holds one (`None`
+    /// once the program dropped its last handle: the allocator then lives on only for its
+    /// remaining buffers, and gives their memory back as they are dropped).
+    pub fn allocator(&self) -> Option<CudaAllocator> {
+        self.anchor.alloc.upgrade()
+    }
+
+    /// Driver calls made so far to order this block's data between streams (event records and
+    /// waits). Zero for a block used on its own stream only: that path makes none.
+    pub fn ordering_calls(&self) -> u64 {
+        self.tracking.get().map_or(0, |t| t.calls())
     }
 
     /// Marks the block as used on `stream`, as PyTorch's `Tensor.record_stream` does: when the
     /// block is dropped, its memory is not reused until the work queued on `stream` by then
     /// has completed. The allocator keeps `stream` alive until then.
     ///
-    /// Copies and [`Launch`] do this automatically; call it for uses cachalot cannot see, such
-    /// as a raw launch through cudarc's `LaunchArgs` on another stream. Recording the block's
-    /// own stream, or an empty block, does nothing.
+    /// Copies and [`Launch`](super::Launch) do this automatically; call it for uses cachalot
+    /// cannot see, such as a raw launch through cudarc's `LaunchArgs` on another stream.
+    /// Recording the block's own stream, or an empty block, does nothing.
     pub fn record_stream(&self, stream: &Arc<CudaStream>) -> Result<(), CudaError> {
         if self.address == 0
-            || (stream_id(stream) == stream_id(&self.stream) && self.same_context(stream))
+            || (stream_id(stream).0 == self.anchor.stream_id && self.same_context(stream))
         {
             return Ok(());
         }
-        self.alloc.record_raw_stream(self.address, stream)
+        self.anchor.alloc.record_raw_stream(self.address, stream)
     }
 
     pub(crate) fn address_ref(&self) -> &u64 {
@@ -133,31 +147,54 @@ impl DeviceBlock {
     }
 
     fn same_context(&self, stream: &CudaStream) -> bool {
-        stream.context().cu_ctx() == self.stream.context().cu_ctx()
+        stream.context().cu_ctx() == self.anchor.stream.context().cu_ctx()
     }
 
-    /// Records a use on `stream` if it is another stream and automatic recording is on; the
-    /// returned guard synchronises a stream of another device after the use is queued (its
-    /// work cannot be tracked by this device's events).
-    fn use_on<'a>(&self, stream: &'a CudaStream) -> SyncOnDrop<'a> {
+    fn tracking(&self) -> &Tracking {
+        self.tracking.get_or_init(|| Box::new(Tracking::new()))
+    }
+
+    /// A use of the block on `stream`, about to be queued: orders it after the uses it
+    /// depends on and records it with the allocator if `stream` is another stream; the
+    /// returned guard, dropped once the use is queued, finishes the job (cudarc's contract).
+    pub(crate) fn use_on<'a>(&'a self, stream: &'a CudaStream, access: Access) -> SyncOnDrop<'a> {
         if self.address == 0 {
             return SyncOnDrop::Record(None);
         }
-        if !self.same_context(stream) {
-            return SyncOnDrop::Sync(Some(stream));
-        }
+        let alloc = &self.anchor.alloc;
         let id = stream_id(stream).0;
-        if id == stream_id(&self.stream).0
-            || self.last_use.load(Ordering::Relaxed) == id
-            || !self.alloc.auto_record_stream()
-        {
+        if id == self.anchor.stream_id && self.same_context(stream) {
+            // The owner's stream: nothing to do unless another stream used the block.
+            if let Some(t) = self.tracking.get()
+                && alloc.data_ordering()
+            {
+                t.owner_use(&self.anchor.stream, access);
+            }
             return SyncOnDrop::Record(None);
         }
-        if self.alloc.record_use(self.address, stream).is_ok() {
-            self.last_use.store(id, Ordering::Relaxed);
+        if !self.same_context(stream) {
+            // Another device's stream: no event of this device can order or track it. The
+            // host waits for this block's work first, and for the use after it is queued.
+            if alloc.data_ordering() {
+                self.tracking().other_device_use(&self.anchor.stream);
+            }
+            return SyncOnDrop::Sync(Some(stream));
+        }
+        let guard = if alloc.data_ordering() {
+            self.tracking()
+                .foreign_use(&self.anchor.stream, stream, access)
+        } else {
             SyncOnDrop::Record(None)
+        };
+        if self.last_use.load(Ordering::Relaxed) == id || !alloc.auto_record_stream() {
+            return guard;
+        }
+        if alloc.record_use(self.address, stream).is_ok() {
+            self.last_use.store(id, Ordering::Relaxed);
+            guard
         } else {
             // Could not record (the device failed): make the use complete before going on.
+            drop(guard);
             SyncOnDrop::Sync(Some(stream))
         }
     }
@@ -165,9 +202,15 @@ impl DeviceBlock {
 
 impl Drop for DeviceBlock {
     fn drop(&mut self) {
+        let alloc = &self.anchor.alloc;
         // Freeing a live block fails only if the device fails while recording events; the
         // block then stays allocated until the allocator itself is dropped.
-        let _ = self.alloc.free_block(self.address);
+        let _ = alloc.free_block(self.address);
+        // The program dropped the allocator: what this block leaves empty goes back now
+        // (checked after the free, so a concurrent close either sees this block or is seen).
+        if alloc.is_closed() {
+            alloc.release_cache();
+        }
     }
 }
 
@@ -176,23 +219,23 @@ impl DeviceSlice<u8> for DeviceBlock {
         self.bytes
     }
     fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
+        &self.anchor.stream
     }
 }
 
 impl DevicePtr<u8> for DeviceBlock {
-    /// The device address; a use on another stream than the block's is recorded (see
-    /// [`DeviceBlock`]).
+    /// The device address; `stream` is ordered after the block's last write and the use is
+    /// recorded (see [`DeviceBlock`]).
     fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (CUdeviceptr, SyncOnDrop<'a>) {
-        (self.address, self.use_on(stream))
+        (self.address, self.use_on(stream, Access::Read))
     }
 }
 
 impl DevicePtrMut<u8> for DeviceBlock {
-    /// The device address; a use on another stream than the block's is recorded (see
-    /// [`DeviceBlock`]).
+    /// The device address; `stream` is ordered after the block's last uses and the write is
+    /// recorded (see [`DeviceBlock`]).
     fn device_ptr_mut<'a>(&'a mut self, stream: &'a CudaStream) -> (CUdeviceptr, SyncOnDrop<'a>) {
-        (self.address, self.use_on(stream))
+        (self.address, self.use_on(stream, Access::Write))
     }
 }
 
@@ -203,7 +246,8 @@ mod sealed {
 /// Types every bit pattern of which is a valid value (integers, floats, arrays of them), so a
 /// buffer of them may be allocated without initialising it ([`CudaAllocator::alloc_buffer`]).
 ///
-/// Sealed: implemented by cachalot for the primitive number types and arrays of them.
+/// Sealed: implemented by cachalot for the primitive number types, `half::f16` and
+/// `half::bf16` with the `f16` feature, and arrays of them.
 pub trait Plain: DeviceRepr + sealed::Sealed {}
 
 macro_rules! plain {
@@ -215,6 +259,8 @@ macro_rules! plain {
 plain!(
     u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize, f32, f64
 );
+#[cfg(feature = "f16")]
+plain!(half::f16, half::bf16);
 impl<T: Plain, const N: usize> sealed::Sealed for [T; N] {}
 impl<T: Plain, const N: usize> Plain for [T; N] {}
 
@@ -223,19 +269,29 @@ impl<T: Plain, const N: usize> Plain for [T; N] {}
 ///
 /// It stands in for cudarc's `CudaSlice<T>`: it implements [`DeviceSlice`], [`DevicePtr`],
 /// [`DevicePtrMut`] and cudarc's `PushKernelArg`, so `stream.memcpy_htod`, `memcpy_dtoh`,
-/// `clone_dtoh`, `memset_zeros` and kernel launches take it. Cross-stream uses are recorded as
-/// for [`DeviceBlock`]: automatically through copies, memsets and [`Launch`]; by hand with
-/// [`DeviceBuffer::record_stream`] for anything else.
+/// `clone_dtoh`, `memset_zeros`, cuBLAS calls and kernel launches take it; its parts are
+/// views ([`DeviceBuffer::slice`], [`DeviceBuffer::slice_mut`],
+/// [`DeviceBuffer::split_at_mut`], [`DeviceBuffer::transmute`]) that do the same.
+///
+/// **Streams**, as for [`DeviceBlock`]: a use on another stream than the buffer's own,
+/// through any of those or through [`Launch`](super::Launch), waits for the buffer's last
+/// write (and, to write, its last reads) and is recorded, so the buffer's memory is not reused
+/// before that stream is done with it. Uses on its own stream cost nothing.
+///
+/// **The raw hazard**: pushed straight into cudarc's `LaunchArgs`
+/// (`stream.launch_builder(&f).arg(&buf)`), a buffer is a bare address — cudarc does not say
+/// which stream the kernel runs on, so on another stream than the buffer's nothing orders or
+/// records that kernel: use [`Launch`](super::Launch), or `join` the streams and call
+/// [`DeviceBuffer::record_stream`] yourself.
 ///
 /// ```no_run
 /// use cachalot::cuda::CudaAllocator;
 ///
 /// let alloc = CudaAllocator::for_device(0)?;
-/// let stream = alloc.context().new_stream()?;
+/// let (a, b) = (alloc.context().new_stream()?, alloc.context().new_stream()?);
 /// let host: Vec<f32> = (0..1000).map(|i| i as f32).collect();
-/// let buf = alloc.clone_htod(&host, &stream)?;
-/// assert_eq!(buf.len(), 1000);
-/// assert_eq!(stream.clone_dtoh(&buf)?, host);
+/// let buf = alloc.clone_htod(&host, &a)?; // written on `a`
+/// assert_eq!(b.clone_dtoh(&buf)?, host); // read on `b`: waits for the copy on `a`
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct DeviceBuffer<T> {
@@ -288,8 +344,9 @@ impl<T> DeviceBuffer<T> {
         self.block.stream()
     }
 
-    /// The allocator it came from.
-    pub fn allocator(&self) -> &CudaAllocator {
+    /// A handle to the allocator it came from, while the program holds one; see
+    /// [`DeviceBlock::allocator`].
+    pub fn allocator(&self) -> Option<CudaAllocator> {
         self.block.allocator()
     }
 
@@ -301,6 +358,124 @@ impl<T> DeviceBuffer<T> {
     /// Marks the buffer as used on `stream`; see [`DeviceBlock::record_stream`].
     pub fn record_stream(&self, stream: &Arc<CudaStream>) -> Result<(), CudaError> {
         self.block.record_stream(stream)
+    }
+
+    /// Driver calls made so far to order this buffer's data between streams; see
+    /// [`DeviceBlock::ordering_calls`].
+    pub fn ordering_calls(&self) -> u64 {
+        self.block.ordering_calls()
+    }
+
+    /// The whole buffer as a read-only view.
+    pub fn as_view(&self) -> DeviceView<'_, T> {
+        DeviceView::new(&self.block, self.block.address, self.len)
+    }
+
+    /// The whole buffer as a writable view.
+    pub fn as_view_mut(&mut self) -> DeviceViewMut<'_, T> {
+        DeviceViewMut::new(&self.block, self.block.address, self.len)
+    }
+
+    /// A read-only view of the values in `range`, usable wherever the buffer is (copies,
+    /// cuBLAS, kernel arguments, [`Launch`](super::Launch)).
+    ///
+    /// # Panics
+    ///
+    /// If `range` is not within `0..len()`, as slicing a Rust slice does; see
+    /// [`DeviceBuffer::try_slice`].
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> DeviceView<'_, T> {
+        let len = self.len;
+        self.try_slice(range)
+            .unwrap_or_else(|| panic!("view range out of bounds of a buffer of {len} values"))
+    }
+
+    /// A read-only view of the values in `range`, or `None` if `range` is not within
+    /// `0..len()`.
+    pub fn try_slice(&self, range: impl RangeBounds<usize>) -> Option<DeviceView<'_, T>> {
+        self.as_view().try_slice(range)
+    }
+
+    /// A writable view of the values in `range`.
+    ///
+    /// # Panics
+    ///
+    /// If `range` is not within `0..len()`; see [`DeviceBuffer::try_slice_mut`].
+    pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> DeviceViewMut<'_, T> {
+        let len = self.len;
+        self.try_slice_mut(range)
+            .unwrap_or_else(|| panic!("view range out of bounds of a buffer of {len} values"))
+    }
+
+    /// A writable view of the values in `range`, or `None` if `range` is not within
+    /// `0..len()`.
+    pub fn try_slice_mut(
+        &mut self,
+        range: impl RangeBounds<usize>,
+    ) -> Option<DeviceViewMut<'_, T>> {
+        let (start, end) = to_range(range, self.len)?;
+        Some(DeviceViewMut::new(
+            &self.block,
+            self.block.address + (start * std::mem::size_of::<T>()) as u64,
+            end - start,
+        ))
+    }
+
+    /// Two read-only views: values `0..mid` and `mid..len()`.
+    ///
+    /// # Panics
+    ///
+    /// If `mid > len()`; see [`DeviceBuffer::try_split_at`].
+    pub fn split_at(&self, mid: usize) -> (DeviceView<'_, T>, DeviceView<'_, T>) {
+        self.as_view().split_at(mid)
+    }
+
+    /// Two read-only views at `mid`, or `None` if `mid > len()`.
+    pub fn try_split_at(&self, mid: usize) -> Option<(DeviceView<'_, T>, DeviceView<'_, T>)> {
+        self.as_view().try_split_at(mid)
+    }
+
+    /// Two writable views that do not overlap: values `0..mid` and `mid..len()`, for handing
+    /// the parts of one buffer to different kernels, streams or cuBLAS calls.
+    ///
+    /// # Panics
+    ///
+    /// If `mid > len()`; see [`DeviceBuffer::try_split_at_mut`].
+    pub fn split_at_mut(&mut self, mid: usize) -> (DeviceViewMut<'_, T>, DeviceViewMut<'_, T>) {
+        let len = self.len;
+        self.try_split_at_mut(mid)
+            .unwrap_or_else(|| panic!("split at {mid} out of bounds of a buffer of {len} values"))
+    }
+
+    /// Two writable views at `mid`, or `None` if `mid > len()`.
+    pub fn try_split_at_mut(
+        &mut self,
+        mid: usize,
+    ) -> Option<(DeviceViewMut<'_, T>, DeviceViewMut<'_, T>)> {
+        self.as_view_mut().into_split_at_mut(mid)
+    }
+
+    /// The buffer's memory read as `len` values of `U`: `None` if they need more bytes than
+    /// the buffer has, or if the address is not aligned for `U`.
+    ///
+    /// # Safety
+    ///
+    /// The bytes must be valid values of `U` wherever the view is read as `U` (on the host
+    /// after a copy, or by a kernel), as for [`std::mem::transmute`].
+    pub unsafe fn transmute<U>(&self, len: usize) -> Option<DeviceView<'_, U>> {
+        // SAFETY: passed on to the caller.
+        unsafe { self.as_view().transmute(len) }
+    }
+
+    /// The buffer's memory as `len` writable values of `U`: `None` if they need more bytes
+    /// than the buffer has, or if the address is not aligned for `U`.
+    ///
+    /// # Safety
+    ///
+    /// As for [`DeviceBuffer::transmute`]; and values written as `U` must be valid `T`s where
+    /// the buffer is read as `T` again.
+    pub unsafe fn transmute_mut<U>(&mut self, len: usize) -> Option<DeviceViewMut<'_, U>> {
+        // SAFETY: passed on to the caller.
+        unsafe { self.as_view_mut().into_transmute(len) }
     }
 }
 
@@ -314,141 +489,17 @@ impl<T> DeviceSlice<T> for DeviceBuffer<T> {
 }
 
 impl<T> DevicePtr<T> for DeviceBuffer<T> {
-    /// The device address; a use on another stream than the buffer's is recorded.
+    /// The device address; `stream` is ordered after the buffer's last write and the use is
+    /// recorded (see [`DeviceBuffer`]).
     fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (CUdeviceptr, SyncOnDrop<'a>) {
-        (self.block.address, self.block.use_on(stream))
+        (self.block.address, self.block.use_on(stream, Access::Read))
     }
 }
 
 impl<T> DevicePtrMut<T> for DeviceBuffer<T> {
-    /// The device address; a use on another stream than the buffer's is recorded.
+    /// The device address; `stream` is ordered after the buffer's last uses and the write is
+    /// recorded (see [`DeviceBuffer`]).
     fn device_ptr_mut<'a>(&'a mut self, stream: &'a CudaStream) -> (CUdeviceptr, SyncOnDrop<'a>) {
-        (self.block.address, self.block.use_on(stream))
-    }
-}
-
-/// A kernel argument that [`Launch`] can push, recording the use of a buffer on the launch's
-/// stream.
-///
-/// Implemented for references to [`DeviceBuffer`] and [`DeviceBlock`] (which record) and to
-/// any cudarc `DeviceRepr` value such as `u32`, `f32` or `u64` (which are copied as they are).
-pub trait KernelArg<'a> {
-    /// Pushes the argument onto the launch (through [`Launch::builder`]), recording what it
-    /// needs to on [`Launch::stream`].
-    fn push(self, launch: &mut Launch<'a>);
-}
-
-impl<'a, T: DeviceRepr> KernelArg<'a> for &'a T {
-    fn push(self, launch: &mut Launch<'a>) {
-        launch.args.arg(self);
-    }
-}
-
-impl<'a> KernelArg<'a> for &'a DeviceBlock {
-    fn push(self, launch: &mut Launch<'a>) {
-        let stream: &'a CudaStream = launch.stream;
-        match self.use_on(stream) {
-            SyncOnDrop::Record(None) => {}
-            guard => launch.guards.push(guard),
-        }
-        launch.args.arg(self);
-    }
-}
-
-impl<'a> KernelArg<'a> for &'a mut DeviceBlock {
-    fn push(self, launch: &mut Launch<'a>) {
-        let this: &'a DeviceBlock = self;
-        this.push(launch);
-    }
-}
-
-impl<'a, T> KernelArg<'a> for &'a DeviceBuffer<T> {
-    fn push(self, launch: &mut Launch<'a>) {
-        self.block.push(launch);
-    }
-}
-
-impl<'a, T> KernelArg<'a> for &'a mut DeviceBuffer<T> {
-    fn push(self, launch: &mut Launch<'a>) {
-        let this: &'a DeviceBuffer<T> = self;
-        this.block.push(launch);
-    }
-}
-
-/// A kernel launch that records the buffers it is given as used on its stream: the one way to
-/// pass a [`DeviceBuffer`] to a kernel on another stream than its own without calling
-/// [`DeviceBuffer::record_stream`].
-///
-/// Build it with [`Launch::new`], add arguments in the kernel's order with [`Launch::arg`],
-/// then launch through cudarc's builder: `unsafe { launch.builder().launch(cfg) }` (unsafe
-/// because the arguments must match the kernel's parameters, as in cudarc).
-///
-/// ```no_run
-/// use cachalot::cuda::{CudaAllocator, Launch};
-/// use cudarc::driver::LaunchConfig;
-///
-/// let alloc = CudaAllocator::for_device(0)?;
-/// let ctx = alloc.context().clone();
-/// let ptx = cudarc::nvrtc::compile_ptx(
-///     r#"extern "C" __global__ void fill(float* out, unsigned int n, float v) {
-///         unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
-///         if (i < n) out[i] = v;
-///     }"#,
-/// )?;
-/// let fill = ctx.load_module(ptx)?.load_function("fill")?;
-/// let (a, b) = (ctx.new_stream()?, ctx.new_stream()?);
-/// let mut buf = alloc.alloc_zeros::<f32>(1000, &a)?;
-/// b.join(&a)?; // b sees the zeros
-/// let n = 1000u32;
-/// let mut launch = Launch::new(&b, &fill);
-/// launch.arg(&mut buf).arg(&n).arg(&2.0f32); // records `buf` as used on `b`
-/// unsafe { launch.builder().launch(LaunchConfig::for_num_elems(n)) }?;
-/// drop(launch); // the launch borrows `buf` until it is dropped
-/// drop(buf); // not reused until `fill` on `b` is done
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-pub struct Launch<'a> {
-    stream: &'a Arc<CudaStream>,
-    args: LaunchArgs<'a>,
-    /// Synchronisations to run once the kernel is queued (uses that events cannot track: a
-    /// stream of another device), run when the `Launch` is dropped.
-    guards: Vec<SyncOnDrop<'a>>,
-}
-
-impl std::fmt::Debug for Launch<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Launch")
-            .field("stream", &stream_id(self.stream))
-            .finish_non_exhaustive()
-    }
-}
-
-impl<'a> Launch<'a> {
-    /// A launch of `func` on `stream`, with no arguments yet.
-    pub fn new(stream: &'a Arc<CudaStream>, func: &'a CudaFunction) -> Self {
-        Launch {
-            stream,
-            args: stream.launch_builder(func),
-            guards: Vec::new(),
-        }
-    }
-
-    /// Adds the next kernel argument; a buffer or block is recorded as used on the launch's
-    /// stream (when that is not its own).
-    pub fn arg<A: KernelArg<'a>>(&mut self, arg: A) -> &mut Self {
-        arg.push(self);
-        self
-    }
-
-    /// The stream the kernel will run on.
-    pub fn stream(&self) -> &'a Arc<CudaStream> {
-        self.stream
-    }
-
-    /// cudarc's launch builder, holding the arguments so far: launch with
-    /// `unsafe { launch.builder().launch(cfg) }`, or push arguments that need no recording
-    /// (cudarc's own slices) with `launch.builder().arg(..)`.
-    pub fn builder(&mut self) -> &mut LaunchArgs<'a> {
-        &mut self.args
+        (self.block.address, self.block.use_on(stream, Access::Write))
     }
 }

@@ -26,8 +26,17 @@
 //! does not reveal the launch stream), and raw addresses. For those, call
 //! [`DeviceBuffer::record_stream`] (or [`CudaAllocator::record_stream`] for raw pointers), or
 //! take the address through `buf.device_ptr(&stream)`, which records. Uses on the buffer's
-//! own stream never need recording. Ordering the *data* between streams (making stream B wait
-//! until stream A has written a buffer) stays the program's job, as in PyTorch: `b.join(&a)`.
+//! own stream never need recording.
+//!
+//! # Data ordering between streams
+//!
+//! The same calls also keep the other half of cudarc's contract, as `CudaSlice` does: the
+//! using stream first waits for the buffer's last write on any other stream (and, to write,
+//! for its last reads), with events, so a buffer written on stream A and read on stream B needs
+//! no `b.join(&a)`. Uses on the buffer's own stream make no driver call for this. A raw
+//! `.arg(&buf)` on another stream is ordered by nothing: join the streams yourself, or use
+//! [`Launch`]. [`CudaAllocator::set_data_ordering`] switches it off (as cudarc's
+//! `disable_event_tracking` does), leaving the ordering to the program as in PyTorch.
 //!
 //! ```no_run
 //! use cachalot::cuda::CudaAllocator;
@@ -43,13 +52,17 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod anchor;
 mod backend;
 mod buffer;
 mod error;
+mod launch;
+mod ordering;
 mod streams;
 mod summary;
+mod view;
 
-use crate::sync::real::{Arc, Mutex, MutexGuard, PoisonError};
+use crate::sync::real::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use crate::sync::real::{AtomicBool, AtomicU64, Ordering};
 
 use rustc_hash::FxHashSet;
@@ -58,10 +71,12 @@ pub use cudarc;
 use cudarc::driver::{CudaContext, CudaStream, DeviceRepr, ValidAsZeroBits};
 
 pub use backend::CudaBackend;
-pub use buffer::{DeviceBlock, DeviceBuffer, KernelArg, Launch, Plain};
+pub use buffer::{DeviceBlock, DeviceBuffer, Plain};
 pub use error::CudaError;
+pub use launch::{KernelArg, Launch};
 pub use streams::stream_id;
 pub use summary::memory_summary;
+pub use view::{DeviceView, DeviceViewMut};
 
 use crate::backend::MemInfo;
 use crate::error::Error;
@@ -116,6 +131,14 @@ struct Shared {
     /// streams made before that are not trusted.
     streams: Arc<StreamRegistry>,
     auto_record: AtomicBool,
+    /// Whether buffers order their data between streams (cudarc's `DevicePtr` contract; see
+    /// [`CudaAllocator::set_data_ordering`]).
+    data_ordering: AtomicBool,
+    /// Set when the program's last handle is dropped (see `anchor`): frees then give empty
+    /// segments straight back to the driver.
+    closed: AtomicBool,
+    /// The program's handles, for [`DeviceBuffer::allocator`]; set once, at construction.
+    owner: OnceLock<Weak<anchor::Owner>>,
     /// Addresses handed out by `malloc_raw` and not yet freed: `free_raw` takes only these,
     /// so it can never free a block a `DeviceBlock` owns.
     raw: Mutex<FxHashSet<u64>>,
@@ -125,9 +148,10 @@ struct Shared {
 /// cache, the statistics and the settings).
 ///
 /// Allocations return owned [`DeviceBlock`]s and [`DeviceBuffer`]s that go back to the cache
-/// when dropped; each holds a clone of the allocator, so dropping the allocator while buffers
-/// are alive is safe. When the last clone and the last buffer are gone, every segment is
-/// returned to the driver.
+/// when dropped. Each keeps the allocator alive (through a per-thread anchor, not a clone: see
+/// BENCHMARKS.md), so dropping the allocator while buffers are alive is safe. When the
+/// program drops its last clone, the allocator closes: its cache and its raw allocations go
+/// back to the driver at once, and each live buffer's memory goes back when it is dropped.
 ///
 /// ```no_run
 /// use cachalot::cuda::CudaAllocator;
@@ -146,6 +170,11 @@ struct Shared {
 pub struct CudaAllocator {
     inner: Allocator<CudaBackend>,
     shared: Arc<Shared>,
+    /// `Some` in every handle the program holds; `None` in the allocator's own references
+    /// from buffers (see `anchor`), which keep it alive but do not keep it open. Held for its
+    /// `Drop` only.
+    #[allow(dead_code)]
+    owner: Option<Arc<anchor::Owner>>,
 }
 
 impl std::fmt::Debug for CudaAllocator {
@@ -173,16 +202,21 @@ impl CudaAllocator {
         let backend = CudaBackend::new(Arc::clone(&ctx))?;
         let streams = backend.stream_registry();
         let core = CachingCore::new(backend, settings)?.with_device_index(ordinal);
-        Ok(CudaAllocator {
+        let internal = CudaAllocator {
             inner: Allocator::from_core(core),
             shared: Arc::new(Shared {
                 ctx,
                 id: NEXT_ALLOCATOR_ID.fetch_add(1, Ordering::Relaxed),
                 streams,
                 auto_record: AtomicBool::new(true),
+                data_ordering: AtomicBool::new(true),
+                closed: AtomicBool::new(false),
+                owner: OnceLock::new(),
                 raw: Mutex::new(FxHashSet::default()),
             }),
-        })
+            owner: None,
+        };
+        Ok(internal.open())
     }
 
     /// An allocator for `ctx`'s device with the settings of [`ALLOC_CONF_ENV`]
@@ -300,12 +334,10 @@ impl CudaAllocator {
     /// ```
     pub fn alloc(&self, bytes: usize, stream: &Arc<CudaStream>) -> Result<DeviceBlock, CudaError> {
         let address = self.malloc_on(bytes as u64, stream)?;
-        Ok(DeviceBlock::new(
-            self.clone(),
-            Arc::clone(stream),
-            address,
-            bytes,
-        ))
+        // The block holds this thread's anchor for (allocator, stream), not a clone of the
+        // allocator: no counter shared between threads is touched (see `anchor`).
+        let anchor = self.anchor(stream);
+        Ok(DeviceBlock::new(anchor, address, bytes))
     }
 
     fn typed_block<T>(
@@ -561,5 +593,54 @@ impl CudaAllocator {
     /// Checks the policy core's invariants (see [`CachingCore::check_invariants`]).
     pub fn check_invariants(&self) -> Result<(), crate::InvariantViolation> {
         self.inner.check_invariants()
+    }
+
+    /// Starts, resizes or stops recording the memory history, as PyTorch's
+    /// `torch.cuda.memory._record_memory_history(max_entries=...)`: `Some(n)` keeps the last `n`
+    /// entries in a ring (`usize::MAX`: everything), `None` or `Some(0)` stops and drops what
+    /// was recorded. While recording, thread caches are bypassed so that every allocation and
+    /// free is recorded as the program made it (see [`Allocator::record_history`]). Write the
+    /// history with [`CudaAllocator::dump_snapshot`].
+    ///
+    /// ```no_run
+    /// use cachalot::cuda::CudaAllocator;
+    ///
+    /// let alloc = CudaAllocator::for_device(0)?;
+    /// alloc.record_history(Some(100_000));
+    /// let stream = alloc.context().new_stream()?;
+    /// let buf = alloc.alloc_zeros::<f32>(1 << 20, &stream)?;
+    /// drop(buf);
+    /// alloc.dump_snapshot("rust_live.pickle")?; // python -m torch.cuda._memory_viz trace_plot rust_live.pickle
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn record_history(&self, max_entries: Option<usize>) {
+        self.inner.record_history(max_entries)
+    }
+
+    /// [`CudaAllocator::record_history`] with every option: Rust backtraces captured with each
+    /// entry and written as its `frames` ([`crate::HistoryOptions::with_backtraces`]).
+    pub fn record_history_with(&self, options: Option<crate::HistoryOptions>) {
+        self.inner.record_history_with(options)
+    }
+
+    /// How the history is being recorded, or `None` when it is not.
+    pub fn history_options(&self) -> Option<crate::HistoryOptions> {
+        self.inner.history_options()
+    }
+
+    /// The recorded history and the state now as a PyTorch memory snapshot of this device
+    /// (what `torch.cuda.memory._snapshot()` returns); see [`Allocator::snapshot`]. Streams are
+    /// their `CUstream` handles, as PyTorch writes them.
+    #[cfg(feature = "snapshot")]
+    pub fn snapshot(&self) -> crate::snapshot::Snapshot {
+        self.inner.snapshot()
+    }
+
+    /// Writes [`CudaAllocator::snapshot`] to `path` in PyTorch's pickle format, as
+    /// `torch.cuda.memory._dump_snapshot(path)` does, for `python -m torch.cuda._memory_viz`
+    /// and `cachalot replay`.
+    #[cfg(feature = "snapshot")]
+    pub fn dump_snapshot(&self, path: impl AsRef<std::path::Path>) -> std::io::Result<()> {
+        self.inner.dump_snapshot(path)
     }
 }

@@ -13,7 +13,7 @@ use rustc_hash::FxHashMap;
 use crate::backend::{Backend, BackendError, EventId, StreamId};
 use crate::block::{Block, BlockId, BlockState, FreeKey, Slab};
 use crate::error::{Error, OutOfMemory};
-use crate::history::{TraceAction, TraceEvent};
+use crate::history::{History, HistoryOptions, RecordedEvent, TraceAction, TraceEvent};
 use crate::invariants::{CoreParts, InvariantViolation};
 use crate::settings::Settings;
 use crate::sizes::{MAX_ALLOC_SIZE, MIN_BLOCK_SIZE, Pool, SMALL_SIZE, round_size, segment_size};
@@ -104,8 +104,8 @@ pub struct CachingCore<B: Backend> {
     allowed_max: Option<u64>,
     /// Per pool: best-fit searches made while garbage collection is on (rule 6, rule 12).
     searches: [u64; 2],
-    /// The recorded history, when recording is on.
-    history: Option<Vec<TraceEvent>>,
+    /// The recorded history (a ring), when recording is on.
+    history: Option<History>,
     /// Rule 20's requested high-water `W`: the most the all-pools `requested_bytes` has ever
     /// been (not lowered by `reset_peak_stats`).
     requested_high_water: u64,
@@ -160,6 +160,11 @@ impl<B: Backend> CachingCore<B> {
         self
     }
 
+    /// The device index this core reports (0 unless set by [`CachingCore::with_device_index`]).
+    pub fn device_index(&self) -> usize {
+        self.device
+    }
+
     /// The settings in force.
     pub fn settings(&self) -> &Settings {
         &self.settings
@@ -185,19 +190,60 @@ impl<B: Backend> CachingCore<B> {
         &mut self.backend
     }
 
-    /// Starts (or stops, dropping what was recorded) recording the history of allocations,
-    /// frees and segment changes, as PyTorch's `_record_memory_history` does.
-    pub fn record_history(&mut self, enabled: bool) {
-        self.history = if enabled {
-            Some(self.history.take().unwrap_or_default())
-        } else {
-            None
-        };
+    /// Starts, resizes or stops recording the history of allocations, frees and segment
+    /// changes, as PyTorch's `_record_memory_history(max_entries=...)` does: `Some(n)` keeps
+    /// the last `n` entries in a ring (the oldest leave when it is full; `usize::MAX` keeps
+    /// everything); `None` or `Some(0)` stops and drops what was recorded. Turned on again
+    /// while recording, the entries so far stay. No backtraces; see
+    /// [`CachingCore::record_history_with`].
+    ///
+    /// ```
+    /// use cachalot::{CachingCore, Settings, SimDevice, StreamId};
+    ///
+    /// let mut core = CachingCore::new(SimDevice::new(1 << 30), Settings::pytorch()).unwrap();
+    /// core.record_history(Some(3));
+    /// let a = core.malloc(4096, StreamId(0)).unwrap(); // segment_alloc, alloc
+    /// core.free(a).unwrap(); // free_requested, free_completed
+    /// let kept: Vec<_> = core.history().iter().map(|e| e.action).collect();
+    /// use cachalot::TraceAction::*;
+    /// assert_eq!(kept, [Alloc, FreeRequested, FreeCompleted]); // the ring kept the last 3
+    /// ```
+    pub fn record_history(&mut self, max_entries: Option<usize>) {
+        self.record_history_with(max_entries.filter(|&n| n > 0).map(HistoryOptions::new));
     }
 
-    /// The history recorded so far (empty when recording is off).
-    pub fn history(&self) -> &[TraceEvent] {
-        self.history.as_deref().unwrap_or(&[])
+    /// [`CachingCore::record_history`] with every option (backtraces): `None` stops and drops
+    /// what was recorded.
+    pub fn record_history_with(&mut self, options: Option<HistoryOptions>) {
+        match (options, &mut self.history) {
+            (None, _) => self.history = None,
+            (Some(o), Some(h)) => h.set_options(o),
+            (Some(o), None) => self.history = Some(History::new(o)),
+        }
+    }
+
+    /// How the history is being recorded, or `None` when it is not.
+    pub fn history_options(&self) -> Option<HistoryOptions> {
+        self.history.as_ref().map(History::options)
+    }
+
+    /// The events recorded so far, oldest first (empty when recording is off).
+    pub fn history(&self) -> Vec<TraceEvent> {
+        self.history
+            .iter()
+            .flat_map(History::events)
+            .map(|e| e.event)
+            .collect()
+    }
+
+    /// The entries recorded so far with their times and backtraces, oldest first (empty when
+    /// recording is off).
+    pub fn recorded_history(&self) -> Vec<RecordedEvent> {
+        self.history
+            .iter()
+            .flat_map(History::events)
+            .cloned()
+            .collect()
     }
 
     #[inline]

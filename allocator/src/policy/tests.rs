@@ -204,7 +204,7 @@ fn empty_cache_releases_the_large_pool_then_the_small_pool_each_in_free_set_orde
     for a in [large_s1_12, large_s0_14, large_s0_12, small_s1, small_s0] {
         c.free(a).unwrap();
     }
-    c.record_history(true);
+    c.record_history(Some(usize::MAX));
     c.empty_cache().unwrap();
     assert_eq!(
         released(&c),
@@ -248,7 +248,7 @@ fn full_of_oversize_blocks() -> (CachingCore<SimDevice>, [u64; 3]) {
         c.free(a).unwrap();
     }
     assert_eq!(c.backend().used(), 120 * MIB);
-    c.record_history(true);
+    c.record_history(Some(usize::MAX));
     (c, [a30, a40, a50])
 }
 

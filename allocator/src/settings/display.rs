@@ -6,16 +6,24 @@ use super::parse::Key;
 use super::*;
 
 impl fmt::Display for Settings {
-    /// The canonical configuration string: the keys whose value differs from PyTorch's
-    /// defaults — and, for the keys whose default is cachalot's own (`expandable_segments`,
-    /// `thread_cache_blocks`, `expandable_page_mb`, `reclaim_headroom`), from cachalot's
-    /// defaults, which [`Settings::parse`] starts from — in a fixed order, comma-separated without spaces (the empty string for the
-    /// defaults). For any settings produced by [`Settings::parse`] (or the setters),
-    /// `Settings::parse(&s.to_string()) == Ok(s)`. `roundup_power2_divisions` is printed in
-    /// the compact form when all intervals hold the same power of two, else as a list that
-    /// sets every interval explicitly.
+    /// The canonical configuration string: the keys whose value differs from the defaults that
+    /// [`Settings::parse`] starts from (cachalot's, [`Settings::cachalot`]), in a fixed order,
+    /// comma-separated without spaces (the empty string for the defaults). For any settings
+    /// produced by [`Settings::parse`] (or the setters), `Settings::parse(&s.to_string()) ==
+    /// Ok(s)`. `roundup_power2_divisions` is printed in the compact form when all intervals hold
+    /// the same power of two, else as a list that sets every interval explicitly.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let d = Settings::pytorch();
+        f.write_str(&self.config_over(&Settings::cachalot()))
+    }
+}
+
+impl Settings {
+    /// The configuration string that, applied over `base` ([`Settings::apply`]), gives these
+    /// settings: the keys whose value differs from `base`'s, in [`Display`](fmt::Display)'s
+    /// order. Over [`Settings::pytorch`] it is the string to record where PyTorch records its
+    /// `PYTORCH_CUDA_ALLOC_CONF`: for PyTorch's own knobs it names PyTorch keys only.
+    pub fn config_over(&self, base: &Settings) -> String {
+        let d = base;
         let mut parts: Vec<String> = Vec::new();
         if self.max_split_size != d.max_split_size {
             parts.push(format!(
@@ -45,44 +53,43 @@ impl fmt::Display for Settings {
                 format_divisions(&self.roundup_power2_divisions)
             ));
         }
-        let c = Settings::cachalot();
-        if self.expandable_segments != c.expandable_segments {
+        if self.expandable_segments != d.expandable_segments {
             parts.push(format!(
                 "{}:{}",
                 Key::ExpandableSegments.name(),
                 bool_word(self.expandable_segments)
             ));
         }
-        if let Some(x) = self.per_process_memory_fraction {
-            parts.push(format!("{}:{}", Key::MemoryFraction.name(), x));
+        if self.per_process_memory_fraction != d.per_process_memory_fraction {
+            if let Some(x) = self.per_process_memory_fraction {
+                parts.push(format!("{}:{}", Key::MemoryFraction.name(), x));
+            }
         }
         if self.backend != d.backend {
             parts.push(format!("{}:{}", Key::Backend.name(), self.backend));
         }
-        // cachalot's own keys (and expandable_segments above): omitted when equal to the
-        // default that `parse` starts from, so that the defaults display as the empty string
-        // and every value round-trips.
-        if self.expandable_page_size != c.expandable_page_size {
+        // cachalot's own keys.
+        if self.expandable_page_size != d.expandable_page_size {
             parts.push(format!(
                 "{}:{}",
                 Key::ExpandablePage.name(),
                 self.expandable_page_size / MIB
             ));
         }
-        if self.reclaim_headroom != c.reclaim_headroom {
+        if self.reclaim_headroom != d.reclaim_headroom {
             parts.push(match self.reclaim_headroom {
                 Some(h) => format!("{}:{}", Key::ReclaimHeadroom.name(), h),
                 None => format!("{}:off", Key::ReclaimHeadroom.name()),
             });
         }
-        if self.thread_cache_blocks != c.thread_cache_blocks {
+        if self.thread_cache_blocks != d.thread_cache_blocks {
             parts.push(format!(
                 "{}:{}",
                 Key::ThreadCacheBlocks.name(),
                 self.thread_cache_blocks
             ));
         }
-        f.write_str(&parts.join(","))
+        parts.join(",")
     }
 }
 

@@ -84,6 +84,18 @@ extern "C" __global__ void spin_check(const volatile unsigned int* buf, unsigned
     } while (now_ns() - start < duration_ns);
     if (errs) atomicAdd(bad, errs);
 }
+
+// Waits `delay_ns`, then writes `value` to each of the `n` values of `out`: a write that lands
+// long after it was queued, so a reader not ordered after it sees the old values.
+extern "C" __global__ void slow_fill(unsigned int* out, unsigned long long n, unsigned int value,
+                                     unsigned long long delay_ns) {
+    unsigned long long start = now_ns();
+    while (now_ns() - start < delay_ns) {}
+    unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n; i += stride) {
+        out[i] = value;
+    }
+}
 "#;
 
 /// Compiles [`KERNELS`] with NVRTC and loads them into `ctx`. NVRTC is loaded at run time: a

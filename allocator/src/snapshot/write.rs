@@ -1,16 +1,19 @@
 //! Writing snapshots in PyTorch's format, with a small pickle writer of this crate's own.
+//!
+//! The one rule: this is the project's only writer of the format; `cachalot-tools` writes
+//! through it too.
 
 use std::collections::HashMap;
 use std::io::{self, Write};
 
 use super::{
     Action, AllocatorSettings, BlockState, DeviceTrace, FrameTable, SegmentState, Snapshot,
-    SnapshotError, StackId, TraceEntry,
+    StackId, TraceEntry,
 };
 
 /// Writes `snapshot` as a pickle in the format of `torch.cuda.memory._dump_snapshot()`, so that
 /// PyTorch's tools (`python -m torch.cuda._memory_viz stats|trace|segments|memory FILE`, the
-/// memory viewer at pytorch.org/memory_viz) and [`read_snapshot`](super::read_snapshot) read it.
+/// memory viewer at pytorch.org/memory_viz) and `cachalot-tools`' `read_snapshot` read it.
 ///
 /// The pickle is protocol 4 (Python 3.4+), without framing. Like PyTorch's pickler, it
 /// memoises what repeats (`MEMOIZE`, then `BINGET`/`LONG_BINGET`): every string (dict keys,
@@ -23,20 +26,22 @@ use super::{
 ///   block with `address`, `size`, `requested_size`, `state` and `frames`.
 ///   `_memory_viz stats` asserts that the blocks of a segment add up to its `total_size`.
 /// - `device_traces`: per device a list of entries with `action`, `addr` (or `device_free` for
-///   `oom`), `size`, `stream`, `time_us` and `frames`.
+///   `oom`), `size`, `stream`, `time_us`, `compile_context` (`'N/A'`), `user_metadata` (`''`)
+///   and `frames`, as PyTorch 2.11 writes them.
 /// - `allocator_settings`, when the snapshot has them: `PYTORCH_CUDA_ALLOC_CONF`,
 ///   `max_split_size` (-1 when unlimited), `garbage_collection_threshold`,
-///   `expandable_segments` and `roundup_power2_divisions` (keys `"1"`, `"2"`, `"4"`, …).
+///   `expandable_segments`, PyTorch 2.11's pinned-memory and graph-capture keys at their
+///   defaults (cachalot has neither), and `roundup_power2_divisions` (keys `"1"`, `"2"`, `"4"`, …).
+/// - `external_annotations`: an empty list, as PyTorch 2.11 writes without annotations.
 ///
-/// `frames` lists hold `{'name', 'filename', 'line'}` dicts from [`Snapshot::frames`];
-/// `compile_context`, `user_metadata` and other keys PyTorch may add are not written. Reading
+/// `frames` lists hold `{'name', 'filename', 'line'}` dicts from [`Snapshot::frames`]. Reading
 /// the result back gives a snapshot equal to `snapshot` when its stacks and frames are numbered
 /// in the order the snapshot first uses them (segments, their blocks, then the traces), which
 /// is how the reader numbers them.
 ///
-/// Fails with [`SnapshotError::Write`] when writing fails or when a [`StackId`] is not one of
-/// the snapshot's stacks.
-pub fn write_snapshot(snapshot: &Snapshot, w: impl Write) -> Result<(), SnapshotError> {
+/// Fails when writing fails, or with [`io::ErrorKind::InvalidInput`] when a [`StackId`] is not
+/// one of the snapshot's stacks.
+pub fn write_snapshot(snapshot: &Snapshot, w: impl Write) -> io::Result<()> {
     let mut p = Pickler {
         out: io::BufWriter::with_capacity(64 << 10, w),
         table: &snapshot.frames,
@@ -45,10 +50,8 @@ pub fn write_snapshot(snapshot: &Snapshot, w: impl Write) -> Result<(), Snapshot
         frame_memo: vec![None; snapshot.frames.num_frames()],
         stack_memo: vec![None; snapshot.frames.num_stacks()],
     };
-    let result = p.snapshot(snapshot).and_then(|()| p.out.flush());
-    result.map_err(|e| SnapshotError::Write {
-        reason: e.to_string(),
-    })
+    p.snapshot(snapshot)?;
+    p.out.flush()
 }
 
 // Opcodes written.
@@ -258,6 +261,8 @@ impl<'s, W: Write> Pickler<'s, W> {
             self.key("allocator_settings")?;
             self.settings(settings)?;
         }
+        self.key("external_annotations")?;
+        self.op(EMPTY_LIST)?;
         self.op(SETITEMS)?;
         self.op(STOP)
     }
@@ -331,6 +336,10 @@ impl<'s, W: Write> Pickler<'s, W> {
         self.uint(e.stream)?;
         self.key("time_us")?;
         self.int(e.time_us)?;
+        self.key("compile_context")?;
+        self.str("N/A")?;
+        self.key("user_metadata")?;
+        self.str("")?;
         self.key("frames")?;
         self.stack(e.stack)?;
         self.op(SETITEMS)
@@ -352,6 +361,15 @@ impl<'s, W: Write> Pickler<'s, W> {
             .write_all(&st.garbage_collection_threshold.to_be_bytes())?;
         self.key("expandable_segments")?;
         self.bool(st.expandable_segments)?;
+        // PyTorch 2.11's pinned-memory and graph-capture settings, at PyTorch's defaults.
+        self.key("pinned_num_register_threads")?;
+        self.int(1)?;
+        self.key("release_lock_on_cudamalloc")?;
+        self.bool(false)?;
+        self.key("pinned_use_cuda_host_register")?;
+        self.bool(false)?;
+        self.key("graph_capture_record_stream_reuse")?;
+        self.bool(false)?;
         self.key("roundup_power2_divisions")?;
         self.op(EMPTY_DICT)?;
         for batch in st.roundup_power2_divisions.chunks(BATCH).enumerate() {
