@@ -13,6 +13,11 @@
 //! Without a GPU it says so and exits with 0 (with 1 when `CACHALOT_REQUIRE_GPU=1`).
 //! Backtraces are captured with every entry unless `--no-backtraces` is given; their
 //! function names need the binary's symbols (a stripped binary shows `<unknown>` frames).
+//!
+//! Recording starts mid-run, as users record. The allocator runs cachalot's policy on
+//! segments (`expandable_segments:False`): `cachalot replay` rebuilds the state a mid-run
+//! recording began in block for block for segments, but not yet for expandable segments'
+//! ranges (it then starts from the live tensors only, and its peaks can differ).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -35,7 +40,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             None => PathBuf::from("rust_live.pickle"),
         });
 
-    let alloc = match CudaAllocator::for_device(0) {
+    let settings = cachalot::Settings::parse("expandable_segments:False")?;
+    let made = cachalot::cuda::cudarc::driver::CudaContext::new(0)
+        .map_err(|e| e.to_string())
+        .and_then(|ctx| CudaAllocator::new(ctx, settings).map_err(|e| e.to_string()));
+    let alloc = match made {
         Ok(a) => a,
         Err(e) => {
             eprintln!("live_snapshot needs a CUDA GPU: {e}");

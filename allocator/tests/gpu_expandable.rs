@@ -94,7 +94,10 @@ fn expandable_segments_hold_real_memory_and_give_it_back() {
     let kernel = function(&module, "add_one");
     warm_up(&ctx, &stream);
     let before = free_memory(&ctx);
-    let alloc = CudaAllocator::new(ctx.clone(), expandable(Settings::default())).unwrap();
+    // PyTorch's pages (20 MiB in the large pool), with cachalot's thread caches.
+    let mut settings = expandable(Settings::pytorch());
+    settings.thread_cache_blocks = Settings::default().thread_cache_blocks;
+    let alloc = CudaAllocator::new(ctx.clone(), settings).unwrap();
     assert!(alloc.settings().expandable_segments);
 
     // Small requests that need a second 2 MiB page, and large ones over many 20 MiB pages.

@@ -140,7 +140,10 @@ fn a_freed_block_comes_back_at_the_same_address() {
         return;
     };
     let _device = exclusive();
-    let alloc = CudaAllocator::new(ctx.clone(), Settings::default()).unwrap();
+    // Segments (rule 8): under cachalot's default policy rule 20 would move the cached
+    // block's memory to the other stream instead of reserving more, which is the point of it.
+    let segments = Settings::parse("expandable_segments:False").unwrap();
+    let alloc = CudaAllocator::new(ctx.clone(), segments).unwrap();
     let stream = ctx.new_stream().unwrap();
     for &n in &SIZES {
         let first = alloc.alloc(n, &stream).unwrap();
@@ -239,8 +242,10 @@ fn the_summary_and_settings_read_like_pytorchs() {
         return;
     };
     let _device = exclusive();
-    let settings =
-        Settings::parse("max_split_size_mb:40,garbage_collection_threshold:0.5").unwrap();
+    let settings = Settings::parse(
+        "max_split_size_mb:40,garbage_collection_threshold:0.5,expandable_segments:False",
+    )
+    .unwrap();
     let alloc = CudaAllocator::new(ctx.clone(), settings.clone()).unwrap();
     assert_eq!(alloc.settings(), settings);
     let stream = ctx.new_stream().unwrap();

@@ -138,7 +138,12 @@ fn empty_cache_returns_memory_to_the_driver() {
     assert!(close(after, before, TOLERANCE), "{before} vs {after}");
     let stats = alloc.stats();
     assert_eq!(stats.reserved_bytes.all.current, 0);
-    assert_eq!(stats.num_device_free, stats.num_device_alloc);
+    // Under cachalot's default policy memory comes in map steps and goes in unmaps, which need
+    // not pair; segments pair one free with each allocation.
+    assert!(stats.num_device_free >= 1);
+    if !alloc.settings().expandable_segments {
+        assert_eq!(stats.num_device_free, stats.num_device_alloc);
+    }
 }
 
 /// A workload over two streams, with blocks pending on the other stream, in every size class.
