@@ -20,7 +20,7 @@ use crate::policy::{AdoptedSegment, CachingCore, SegmentInfo};
 use crate::settings::Settings;
 use crate::sizes::MAX_ALLOC_SIZE;
 use crate::stats::Stats;
-use crate::sync::{Arc, AtomicUsize, Mutex, MutexGuard, Ordering, lock};
+use crate::sync::{Arc, Mutex, MutexGuard, Ordering, SettingCell, lock};
 use crate::thread_cache::{self, Local, LocalState, Meta, Registry};
 
 /// A caching allocator for one device: `Send + Sync`, and cheap to clone (clones share the
@@ -68,7 +68,7 @@ struct Shared<B: Backend> {
     /// Blocks each thread may keep now: `configured`, or 0 while the history is recorded
     /// (every allocation and free then reaches the core, which records it as the program made
     /// it). Changed only under the shared lock; read once per call on the fast paths.
-    capacity: AtomicUsize,
+    capacity: SettingCell,
 }
 
 impl<B: Backend> Drop for Shared<B> {
@@ -161,7 +161,7 @@ impl<B: Backend> Allocator<B> {
                 }),
                 registry: Arc::new(Registry::new()),
                 configured: capacity,
-                capacity: AtomicUsize::new(capacity),
+                capacity: SettingCell::new(capacity),
             }),
         }
     }

@@ -6,18 +6,24 @@
 //! gives each modelled thread its own value and drops it when the thread ends.
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+pub(crate) use std::sync::atomic::{AtomicBool, Ordering};
 #[cfg(not(loom))]
 pub(crate) use std::sync::{Arc, Mutex, MutexGuard};
 #[cfg(not(loom))]
 pub(crate) use std::thread_local;
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicBool, Ordering};
 #[cfg(loom)]
 pub(crate) use loom::sync::{Arc, Mutex, MutexGuard};
 #[cfg(loom)]
 pub(crate) use loom::thread_local;
+
+/// A setting read once per call on the front end's fast paths and changed only under the
+/// shared lock, by calls the loom models never make (history recording switching thread caches
+/// off and on): the standard library's atomic under loom too, so the models explore exactly
+/// the interleavings of the allocator's own synchronisation, no more.
+pub(crate) type SettingCell = std::sync::atomic::AtomicUsize;
 
 /// A backtrace recorded in the history, shared (never changed) between the history and the
 /// snapshots taken of it, so symbols are resolved outside the allocator's lock. The standard
