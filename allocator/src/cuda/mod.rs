@@ -197,9 +197,23 @@ impl CudaAllocator {
     /// let alloc = CudaAllocator::new(ctx, Settings::parse("max_split_size_mb:256")?)?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    ///
+    /// cachalot's defaults ([`Settings::cachalot`]) use expandable segments; on a GPU without
+    /// virtual memory management they fall back to segments (rule 21), while an explicit
+    /// `expandable_segments:True` among other settings is refused there.
     pub fn new(ctx: Arc<CudaContext>, settings: Settings) -> Result<Self, CudaError> {
         let ordinal = ctx.ordinal();
         let backend = CudaBackend::new(Arc::clone(&ctx))?;
+        let settings = if settings == Settings::cachalot()
+            && !crate::backend::Backend::virtual_memory(&backend)
+        {
+            Settings {
+                expandable_segments: false,
+                ..settings
+            }
+        } else {
+            settings
+        };
         let streams = backend.stream_registry();
         let core = CachingCore::new(backend, settings)?.with_device_index(ordinal);
         let internal = CudaAllocator {

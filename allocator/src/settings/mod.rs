@@ -295,8 +295,8 @@ impl Settings {
     /// * `expandable_segments` is on, with [`CACHALOT_EXPANDABLE_PAGE`] pages in the large pool
     ///   too (rule 19), and `reclaim_headroom` is [`RECLAIM_HEADROOM`] (rule 20): reserved
     ///   memory stays close to the most the program ever asked for. This needs a backend with
-    ///   virtual memory ([`crate::Backend::virtual_memory`]); on one without, use
-    ///   `Settings::pytorch()` (plus `thread_cache_blocks:8`).
+    ///   virtual memory ([`crate::Backend::virtual_memory`]); the CUDA allocator given exactly
+    ///   these defaults on a GPU without it uses segments instead.
     pub fn cachalot() -> Settings {
         Settings {
             thread_cache_blocks: THREAD_CACHE_BLOCKS,
