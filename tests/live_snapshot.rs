@@ -181,6 +181,10 @@ fn a_rust_programs_live_snapshot_replays_to_its_own_figures() {
     let (alloc, snapshot) = program();
     let mut bytes = Vec::new();
     write_snapshot(&snapshot, &mut bytes).unwrap();
+    // CACHALOT_LIVE_SNAPSHOT_OUT=FILE keeps the snapshot (for `cachalot replay FILE`).
+    if let Some(path) = std::env::var_os("CACHALOT_LIVE_SNAPSHOT_OUT") {
+        std::fs::write(path, &bytes).unwrap();
+    }
     let back = parse_snapshot(&bytes).unwrap();
     assert_eq!(back, snapshot, "the snapshot reads back as written");
 
@@ -196,6 +200,14 @@ fn a_rust_programs_live_snapshot_replays_to_its_own_figures() {
     );
 
     let out = replay_snapshot(&back, StartMode::Exact);
+    let stats = alloc.stats();
+    println!(
+        "allocator: peak reserved {}, peak allocated {}, reserved {}, segments {}",
+        stats.reserved_bytes.all.peak,
+        stats.allocated_bytes.all.peak,
+        stats.reserved_bytes.all.current,
+        alloc.segments().len()
+    );
     assert_eq!(differences(&out, &alloc), Vec::<String>::new());
     // The tools' own self-check agrees: the replay ends in the dumped state.
     let check = check_final_state(&out.final_layout, &back, 0);
