@@ -402,7 +402,8 @@ mod tests {
             stack
                 .iter()
                 .any(|f| f.name.contains("a_live_snapshot_carries")
-                    && f.filename.ends_with("build.rs")
+                    // Release builds without debug info (the loom run) know no file names.
+                    && (f.filename.ends_with("build.rs") || f.filename == "??")
                     && f.line > 0),
             "{stack:?}"
         );
