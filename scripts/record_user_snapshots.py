@@ -130,48 +130,14 @@ def w_resnet50_warm(torch, ctx):
 
 
 def w_unet_wrapped(torch, ctx):
-    nn = torch.nn
-
-    def block(i, o):
-        return nn.Sequential(
-            nn.Conv2d(i, o, 3, padding=1), nn.BatchNorm2d(o), nn.ReLU(inplace=True),
-            nn.Conv2d(o, o, 3, padding=1), nn.BatchNorm2d(o), nn.ReLU(inplace=True),
-        )
-
-    class UNet(nn.Module):
-        def __init__(self, ch=(32, 64, 128, 256)):
-            super().__init__()
-            self.down = nn.ModuleList()
-            c = 3
-            for o in ch:
-                self.down.append(block(c, o))
-                c = o
-            self.mid = block(ch[-1], ch[-1] * 2)
-            self.up = nn.ModuleList()
-            self.dec = nn.ModuleList()
-            c = ch[-1] * 2
-            for o in reversed(ch):
-                self.up.append(nn.ConvTranspose2d(c, o, 2, stride=2))
-                self.dec.append(block(2 * o, o))
-                c = o
-            self.head = nn.Conv2d(c, 2, 1)
-
-        def forward(self, x):
-            skips = []
-            for d in self.down:
-                x = d(x)
-                skips.append(x)
-                x = nn.functional.max_pool2d(x, 2)
-            x = self.mid(x)
-            for u, dec, s in zip(self.up, self.dec, reversed(skips)):
-                x = dec(torch.cat([u(x), s], dim=1))
-            return self.head(x)
+    # The same 4-level U-Net as the seed's recording (scripts/record_unet.py).
+    from record_unet import build
 
     torch.cuda.memory._record_memory_history(max_entries=1500)
     ctx["history"] = "_record_memory_history(max_entries=1500) before the first allocation"
     torch.manual_seed(0)
     torch.backends.cudnn.benchmark = False
-    model = UNet().cuda().train()
+    model = build(torch).cuda().train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     for i in range(6):

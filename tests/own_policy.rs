@@ -3,17 +3,10 @@
 //! simulated half of the GPU agreement check (`scripts/gpu_agreement.sh` with
 //! `POLICY=cachalot`).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
-fn repo(rel: &str) -> PathBuf {
-    let local = Path::new(rel);
-    if local.exists() {
-        local.to_path_buf()
-    } else {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
-    }
-}
+mod common;
 
 fn replay(args: &[&str]) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_cachalot"))
@@ -31,7 +24,7 @@ fn replay(args: &[&str]) -> serde_json::Value {
 }
 
 fn traces() -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(repo("tests/fixtures/traces"))
+    let mut v: Vec<PathBuf> = std::fs::read_dir(common::traces())
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|x| x == "pickle"))

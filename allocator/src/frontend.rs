@@ -428,7 +428,7 @@ impl<B: Backend> Allocator<B> {
     /// alloc.record_history(Some(100_000));
     /// let p = alloc.malloc(4096, StreamId(0)).unwrap();
     /// alloc.free(p).unwrap();
-    /// assert_eq!(alloc.history().len(), 4); // segment_alloc, alloc, free_requested, free_completed
+    /// assert_eq!(alloc.history().len(), 4); // segment_map, alloc, free_requested, free_completed
     /// alloc.record_history(None);
     /// assert!(alloc.history().is_empty());
     /// ```

@@ -23,7 +23,7 @@ use super::anchor::Anchor;
 use super::error::CudaError;
 use super::ordering::{Access, Tracking};
 use super::streams::stream_id;
-use super::view::{DeviceView, DeviceViewMut, to_range};
+use super::view::{DeviceView, DeviceViewMut, offset, to_range};
 
 /// No stream recorded yet.
 const NO_STREAM: u64 = u64::MAX;
@@ -415,7 +415,7 @@ impl<T> DeviceBuffer<T> {
         let (start, end) = to_range(range, self.len)?;
         Some(DeviceViewMut::new(
             &self.block,
-            self.block.address + (start * std::mem::size_of::<T>()) as u64,
+            offset::<T>(self.block.address, start),
             end - start,
         ))
     }

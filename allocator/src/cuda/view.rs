@@ -33,7 +33,7 @@ pub(crate) fn to_range(range: impl RangeBounds<usize>, len: usize) -> Option<(us
 }
 
 /// The address `offset` values of `T` after `base`.
-fn offset<T>(base: u64, offset: usize) -> u64 {
+pub(super) fn offset<T>(base: u64, offset: usize) -> u64 {
     base + (offset * std::mem::size_of::<T>()) as u64
 }
 
