@@ -2,7 +2,8 @@
 //! `cuEventCreate`, all through cudarc's driver bindings.
 //!
 //! The one rule: every `unsafe` block of cachalot that reaches the driver lives in this file
-//! (the rest of `cuda` has only the `unsafe fn`s that reinterpret a buffer's type), each with a
+//! or, for the allocators cachalot is compared with, in `baselines.rs` (the rest of `cuda` has
+//! only the `unsafe fn`s that reinterpret a buffer's type), each with a
 //! `// SAFETY:` comment, and every handle that reaches the driver was produced by the driver and checked
 //! here first. The [`Backend`] trait is safe, so a caller may pass any address, stream id or
 //! event id: addresses are checked against the segments this backend allocated, events against
@@ -535,7 +536,7 @@ impl Vmm {
 }
 
 /// The device location of `ordinal`'s memory.
-fn device_location(ordinal: usize) -> sys::CUmemLocation {
+pub(super) fn device_location(ordinal: usize) -> sys::CUmemLocation {
     // Ordinals are small; one that does not fit is refused by the driver.
     let id = i32::try_from(ordinal).unwrap_or(i32::MAX);
     const { assert!(std::mem::offset_of!(sys::CUmemLocation, type_) == 0) };

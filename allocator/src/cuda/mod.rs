@@ -54,6 +54,7 @@
 
 mod anchor;
 mod backend;
+pub mod baselines;
 mod buffer;
 mod error;
 mod launch;
