@@ -66,8 +66,7 @@ fn trimming_the_pool_gives_its_free_memory_back() {
 
 #[test]
 fn the_pool_refuses_a_huge_request_as_out_of_memory_and_stays_usable() {
-    let Some(ctx) = gpu("the_pool_refuses_a_huge_request_as_out_of_memory_and_stays_usable")
-    else {
+    let Some(ctx) = gpu("the_pool_refuses_a_huge_request_as_out_of_memory_and_stays_usable") else {
         return;
     };
     let _device = exclusive();
@@ -101,7 +100,10 @@ fn driver_malloc_memory_is_used_until_freed() {
     );
     malloc.free(block).unwrap();
     let after = malloc.device_used_bytes().unwrap();
-    assert!(after <= start + tolerance, "{start} -> {after} after the free");
+    assert!(
+        after <= start + tolerance,
+        "{start} -> {after} after the free"
+    );
 }
 
 #[test]
