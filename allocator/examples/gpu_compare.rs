@@ -21,7 +21,7 @@
 //! the trace has reached its `c` line.
 //!
 //! This file is also compiled into tests (`allocator/tests/gpu_compare_sim.rs`,
-//! `tests/gpu_compare_agreement.rs`) through `#[path]`: it names cudarc through
+//! `tests/bench_agreement.rs`) through `#[path]`: it names cudarc through
 //! `cachalot::cuda::cudarc` and uses only crates every including package has.
 
 use std::collections::HashMap;
@@ -77,6 +77,8 @@ const USAGE: &str = "usage: gpu_compare --out DIR [--backend cuda|sim] [--passes
 /// Why the program stops.
 #[derive(Debug)]
 pub enum Failure {
+    /// `--help`: the usage, exit code 0.
+    Help,
     /// A bad command line (exit code 2, with the usage).
     Usage(String),
     /// A bad ops file (exit code 2).
@@ -89,6 +91,7 @@ pub enum Failure {
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            Failure::Help => f.write_str(USAGE),
             Failure::Usage(m) => write!(f, "{m}\n{USAGE}"),
             Failure::Input(m) | Failure::Run(m) => f.write_str(m),
         }
@@ -103,10 +106,14 @@ fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match run(&args) {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(Failure::Help) => {
+            println!("{USAGE}");
+            std::process::ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("gpu_compare: {e}");
             std::process::ExitCode::from(match e {
-                Failure::Usage(_) | Failure::Input(_) => 2,
+                Failure::Help | Failure::Usage(_) | Failure::Input(_) => 2,
                 Failure::Run(_) => 1,
             })
         }
@@ -231,7 +238,7 @@ pub fn parse_options(args: &[String]) -> Result<Options, Failure> {
             }
             "--no-hot" => o.hot = false,
             "--no-traces" => o.traces = false,
-            "-h" | "--help" => return Err(Failure::Usage("help".into())),
+            "-h" | "--help" => return Err(Failure::Help),
             flag if flag.starts_with("--") => {
                 return Err(Failure::Usage(format!("unknown option {flag}")));
             }
