@@ -191,7 +191,9 @@ fn ns_bars(
 
 /// Wall ns per pair against threads, one line per allocator and path, log scale.
 fn hot_loop(results: &Results, path: &Path) -> Result<(), CliError> {
-    let points: Vec<(String, String, Vec<(u64, f64)>)> = results
+    /// One line: the allocator, the path, (threads, wall ns per pair) points.
+    type Line = (String, String, Vec<(u64, f64)>);
+    let points: Vec<Line> = results
         .hot
         .iter()
         .filter(|h| h.error.is_none())
