@@ -39,6 +39,10 @@ which a plain free is two operations), ns_per_line by the lines run.
 Each replay runs in a fresh Python process (the allocator starts empty, the configuration is
 read from PYTORCH_CUDA_ALLOC_CONF at its first use).
 
+scripts/pytorch_bench.py (the side-by-side GPU benchmark, docs/GPU_BENCH.md) imports this module
+and uses the same extension, with two functions of its own: run_observed (the trace's lines
+once, getDeviceStats() read after every line) and hot_loop (raw alloc/delete pairs in threads).
+
 Usage:
   python3 scripts/pytorch_replay.py OPS [--conf CONF] [--fraction F] [--repeat N]
                                          [--snapshot-out FILE.pickle] [--json-out FILE.json]
@@ -514,11 +518,12 @@ std::map<std::string, std::vector<int64_t>> run_observed(int64_t max_points) {
   try {
     for (size_t i = 0; i < n; ++i) {
       const Op& op = ops[i];
+      const uint64_t ooms_before = S->ooms;  // counted (S->count) by run_op
       run_op(op);
       const Reading now = read_stats();
       if (op.kind == ALLOC) {
         ++allocs;
-        if (!S->ptr[op.a]) {
+        if (S->ooms != ooms_before) {
           ++ooms;
         } else if (now.reserved <= prev.reserved && now.device_allocs == prev.device_allocs) {
           ++hits;  // served from the cache: no growth, no device allocation
