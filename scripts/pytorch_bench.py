@@ -362,7 +362,11 @@ def main():
     os.makedirs(work, exist_ok=True)
 
     t0 = time.time()
-    ext = R.build(verbose=False)
+    try:
+        ext = R.build(verbose=False)
+    except Exception as err:  # no torch, no compiler, no CUDA toolkit: nothing can run
+        print(f"cannot build the replay extension: {type(err).__name__}: {err}", file=sys.stderr)
+        return 2
     os.environ["CACHALOT_PYTORCH_REPLAY_EXT"] = ext.__file__
     print(f"extension ready in {time.time() - t0:.1f} s: {ext.__file__}", flush=True)
 
