@@ -39,6 +39,10 @@ which a plain free is two operations), ns_per_line by the lines run.
 Each replay runs in a fresh Python process (the allocator starts empty, the configuration is
 read from PYTORCH_CUDA_ALLOC_CONF at its first use).
 
+scripts/pytorch_bench.py (the side-by-side GPU benchmark, docs/GPU_BENCH.md) imports this module
+and uses the same extension, with two functions of its own: run_observed (the trace's lines
+once, getDeviceStats() read after every line) and hot_loop (raw alloc/delete pairs in threads).
+
 Usage:
   python3 scripts/pytorch_replay.py OPS [--conf CONF] [--fraction F] [--repeat N]
                                          [--snapshot-out FILE.pickle] [--json-out FILE.json]
@@ -58,7 +62,7 @@ import subprocess
 import sys
 import time
 
-EXT_NAME = "cachalot_pytorch_replay_v1"
+EXT_NAME = "cachalot_pytorch_replay_v2"
 
 CPP_SOURCE = r"""
 #include <pybind11/stl.h>
@@ -68,6 +72,7 @@ CPP_SOURCE = r"""
 #include <c10/util/Exception.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -247,71 +252,74 @@ void run_ops(const std::vector<Op>& ops) {
   S->in_run.store(false);
 }
 
-void run_ops_inner(const std::vector<Op>& ops) {
-  for (const Op& op : ops) {
-    switch (op.kind) {
-      case ALLOC: {
-        cudaStream_t st = trace_stream(op.c);
-        void* p = nullptr;
-        try {
-          p = alloc::raw_alloc_with_stream(op.b, st);
-        } catch (const c10::OutOfMemoryError&) {
-          p = nullptr;
-          if (S->count) ++S->ooms;
-        }
-        if (S->count) ++S->allocs;
-        S->ptr[op.a] = p;
-        if (p) {
-          S->size[op.a] = op.b;
-          S->requested += op.b;
-          if (S->count && S->requested > S->peak_requested) S->peak_requested = S->requested;
-        }
-        break;
+// One operation line (every mode runs its lines through here).
+inline void run_op(const Op& op) {
+  switch (op.kind) {
+    case ALLOC: {
+      cudaStream_t st = trace_stream(op.c);
+      void* p = nullptr;
+      try {
+        p = alloc::raw_alloc_with_stream(op.b, st);
+      } catch (const c10::OutOfMemoryError&) {
+        p = nullptr;
+        if (S->count) ++S->ooms;
       }
-      case FREE: {
-        void* p = S->ptr[op.a];
-        if (!p) { ++S->skipped; break; }
-        alloc::raw_delete(p);
-        S->ptr[op.a] = nullptr;
-        S->requested -= S->size[op.a];
-        if (S->count) ++S->frees;
-        break;
+      if (S->count) ++S->allocs;
+      S->ptr[op.a] = p;
+      if (p) {
+        S->size[op.a] = op.b;
+        S->requested += op.b;
+        if (S->count && S->requested > S->peak_requested) S->peak_requested = S->requested;
       }
-      case RECORD: {
-        void* p = S->ptr[op.a];
-        if (!p) { ++S->skipped; break; }
-        auto t = Clock::now();
-        complete_side(op.b);  // a side stream id is used once at a time
-        Side s = take_side();
-        set_flag(s.slot, 0);
-        S->slot_active[s.slot].store(1);
-        cachalot_launch_spin(s.stream, S->flags_dev + s.slot);
-        C10_CUDA_CHECK(cudaGetLastError());
-        S->pending[op.b] = s;
-        S->overhead_ns += ns_since(t);
-        c10::DataPtr dp(p, nullptr, S->deleter, c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(S->device)));
-        alloc::recordStream(dp, c10::cuda::getStreamFromExternal(s.stream, static_cast<c10::DeviceIndex>(S->device)));
-        if (S->count) ++S->records;
-        break;
-      }
-      case COMPLETE: {
-        auto t = Clock::now();
-        if (S->pending.count(op.a) && S->count) ++S->completes;
-        complete_side(op.a);
-        S->overhead_ns += ns_since(t);
-        break;
-      }
-      case EMPTY: {
-        auto t = Clock::now();
-        complete_all();  // PyTorch waits for every outstanding event first
-        S->overhead_ns += ns_since(t);
-        alloc::emptyCache();
-        if (S->count) ++S->empties;
-        break;
-      }
+      break;
     }
-    S->progress.fetch_add(1, std::memory_order_relaxed);
+    case FREE: {
+      void* p = S->ptr[op.a];
+      if (!p) { ++S->skipped; break; }
+      alloc::raw_delete(p);
+      S->ptr[op.a] = nullptr;
+      S->requested -= S->size[op.a];
+      if (S->count) ++S->frees;
+      break;
+    }
+    case RECORD: {
+      void* p = S->ptr[op.a];
+      if (!p) { ++S->skipped; break; }
+      auto t = Clock::now();
+      complete_side(op.b);  // a side stream id is used once at a time
+      Side s = take_side();
+      set_flag(s.slot, 0);
+      S->slot_active[s.slot].store(1);
+      cachalot_launch_spin(s.stream, S->flags_dev + s.slot);
+      C10_CUDA_CHECK(cudaGetLastError());
+      S->pending[op.b] = s;
+      S->overhead_ns += ns_since(t);
+      c10::DataPtr dp(p, nullptr, S->deleter, c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(S->device)));
+      alloc::recordStream(dp, c10::cuda::getStreamFromExternal(s.stream, static_cast<c10::DeviceIndex>(S->device)));
+      if (S->count) ++S->records;
+      break;
+    }
+    case COMPLETE: {
+      auto t = Clock::now();
+      if (S->pending.count(op.a) && S->count) ++S->completes;
+      complete_side(op.a);
+      S->overhead_ns += ns_since(t);
+      break;
+    }
+    case EMPTY: {
+      auto t = Clock::now();
+      complete_all();  // PyTorch waits for every outstanding event first
+      S->overhead_ns += ns_since(t);
+      alloc::emptyCache();
+      if (S->count) ++S->empties;
+      break;
+    }
   }
+  S->progress.fetch_add(1, std::memory_order_relaxed);
+}
+
+void run_ops_inner(const std::vector<Op>& ops) {
+  for (const Op& op : ops) run_op(op);
 }
 
 void watchdog_loop() {
@@ -447,6 +455,172 @@ void finish() {
   if (S->watchdog.joinable()) S->watchdog.join();
   complete_all();
 }
+
+// ---- The side-by-side benchmark (scripts/pytorch_bench.py, docs/GPU_BENCH.md) ----
+
+namespace {
+
+struct Reading {
+  int64_t reserved = 0, allocated = 0, device_allocs = 0, device_frees = 0;
+  int64_t peak_reserved = 0, peak_allocated = 0;
+};
+
+// The allocator's own statistics for the replay's device (aggregate over its pools).
+Reading read_stats() {
+  const auto st = alloc::getDeviceStats(static_cast<c10::DeviceIndex>(S->device));
+  constexpr size_t agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  Reading r;
+  r.reserved = st.reserved_bytes[agg].current;
+  r.allocated = st.allocated_bytes[agg].current;
+  r.peak_reserved = st.reserved_bytes[agg].peak;
+  r.peak_allocated = st.allocated_bytes[agg].peak;
+  r.device_allocs = st.num_device_alloc;
+  r.device_frees = st.num_device_free;
+  return r;
+}
+
+}  // namespace
+
+// The observed pass (not timed): the trace's lines (after `s`) once, the allocator's statistics
+// read after every line. Sample i is the state after i lines (sample 0: after the start). Single
+// figures come back as one-element lists; the timeline (`t_line`, `t_requested`, `t_reserved`,
+// `t_allocated`) has at most `max_points` points, each the maximum over its bucket of samples
+// and `t_line` the bucket's first sample.
+std::map<std::string, std::vector<int64_t>> run_observed(int64_t max_points) {
+  if (!S) throw std::runtime_error("run_observed() before prepare()");
+  if (max_points < 1) throw std::runtime_error("run_observed(): max_points must be positive");
+  const std::vector<Op>& ops = S->trace_ops;
+  const size_t n = ops.size();
+  const size_t points = static_cast<size_t>(max_points);
+  const size_t per = (n + 1 + points - 1) / points;  // samples per point, at least 1
+  std::vector<int64_t> t_line, t_req, t_res, t_all;
+  auto sample = [&](size_t i, int64_t req, const Reading& r) {
+    const size_t k = i / per;
+    if (k == t_line.size()) {
+      t_line.push_back(static_cast<int64_t>(k * per));
+      t_req.push_back(req);
+      t_res.push_back(r.reserved);
+      t_all.push_back(r.allocated);
+    } else {
+      t_req[k] = std::max(t_req[k], req);
+      t_res[k] = std::max(t_res[k], r.reserved);
+      t_all[k] = std::max(t_all[k], r.allocated);
+    }
+  };
+  S->count = true;
+  const Reading first = read_stats();
+  Reading prev = first;
+  int64_t peak_req = static_cast<int64_t>(S->requested);
+  int64_t peak_res = first.reserved, peak_all = first.allocated;
+  int64_t allocs = 0, ooms = 0, hits = 0, changes = 0;
+  sample(0, peak_req, first);
+  S->in_run.store(true);
+  try {
+    for (size_t i = 0; i < n; ++i) {
+      const Op& op = ops[i];
+      const uint64_t ooms_before = S->ooms;  // counted (S->count) by run_op
+      run_op(op);
+      const Reading now = read_stats();
+      if (op.kind == ALLOC) {
+        ++allocs;
+        if (S->ooms != ooms_before) {
+          ++ooms;
+        } else if (now.reserved <= prev.reserved && now.device_allocs == prev.device_allocs) {
+          ++hits;  // served from the cache: no growth, no device allocation
+        }
+      }
+      if (now.reserved != prev.reserved) ++changes;
+      const int64_t req = static_cast<int64_t>(S->requested);
+      peak_req = std::max(peak_req, req);
+      peak_res = std::max(peak_res, now.reserved);
+      peak_all = std::max(peak_all, now.allocated);
+      sample(i + 1, req, now);
+      prev = now;
+    }
+  } catch (...) {
+    S->in_run.store(false);
+    throw;
+  }
+  S->in_run.store(false);
+  std::map<std::string, std::vector<int64_t>> out;
+  out["lines"] = {static_cast<int64_t>(n)};
+  out["allocs"] = {allocs};
+  out["ooms"] = {ooms};
+  out["cache_hits"] = {hits};
+  out["reserved_changes"] = {changes};
+  out["peak_requested"] = {peak_req};
+  out["peak_reserved"] = {peak_res};
+  out["peak_allocated"] = {peak_all};
+  out["device_allocs"] = {prev.device_allocs - first.device_allocs};
+  out["device_frees"] = {prev.device_frees - first.device_frees};
+  out["stats_peak_reserved"] = {prev.peak_reserved};    // PyTorch's own peak, start included
+  out["stats_peak_allocated"] = {prev.peak_allocated};
+  out["t_line"] = std::move(t_line);
+  out["t_requested"] = std::move(t_req);
+  out["t_reserved"] = std::move(t_res);
+  out["t_allocated"] = std::move(t_all);
+  return out;
+}
+
+// The hot loop: `threads` std::threads, each on a CUDA stream of its own (created once, before
+// any timing, and reused by later calls), each runs `warmup` then `pairs` raw_alloc_with_stream
+// + raw_delete pairs of `size` bytes. The timed pairs start together at a barrier; returns the
+// wall ns from the release of the barrier to the end of the last thread. Needs no prepare().
+double hot_loop(int64_t size, int64_t threads, int64_t pairs, int64_t warmup) {
+  if (size < 1 || threads < 1 || pairs < 1 || warmup < 0)
+    throw std::runtime_error("hot_loop(): size, threads and pairs must be positive");
+  static std::vector<cudaStream_t> streams;
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  while (streams.size() < static_cast<size_t>(threads)) {
+    cudaStream_t s = nullptr;
+    C10_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    streams.push_back(s);
+  }
+  const size_t n = static_cast<size_t>(threads);
+  std::atomic<int64_t> ready{0};
+  std::atomic<bool> go{false};
+  std::vector<Clock::time_point> ends(n);
+  std::vector<std::string> errors(n);
+  auto body = [&](size_t t) {
+    cudaStream_t stream = streams[t];
+    const size_t bytes = static_cast<size_t>(size);
+    try {
+      C10_CUDA_CHECK(cudaSetDevice(device));  // a new thread starts on device 0
+      for (int64_t i = 0; i < warmup; ++i) alloc::raw_delete(alloc::raw_alloc_with_stream(bytes, stream));
+    } catch (const std::exception& e) {
+      errors[t] = e.what();
+    }
+    ready.fetch_add(1);
+    while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+    if (errors[t].empty()) {
+      try {
+        for (int64_t i = 0; i < pairs; ++i) alloc::raw_delete(alloc::raw_alloc_with_stream(bytes, stream));
+      } catch (const std::exception& e) {
+        errors[t] = e.what();
+      }
+    }
+    ends[t] = Clock::now();
+  };
+  std::vector<std::thread> pool;
+  pool.reserve(n);
+  try {
+    for (size_t t = 0; t < n; ++t) pool.emplace_back(body, t);
+  } catch (...) {  // a thread could not start: let the others through, then give up
+    go.store(true, std::memory_order_release);
+    for (auto& th : pool) th.join();
+    throw;
+  }
+  while (ready.load() < threads) std::this_thread::yield();
+  const auto t0 = Clock::now();
+  go.store(true, std::memory_order_release);
+  for (auto& th : pool) th.join();
+  for (const auto& e : errors)
+    if (!e.empty()) throw std::runtime_error("hot loop thread: " + e);
+  auto last = t0;
+  for (const auto& e : ends) last = std::max(last, e);
+  return std::chrono::duration<double, std::nano>(last - t0).count();
+}
 """
 
 CUDA_SOURCE = r"""
@@ -461,7 +635,8 @@ void cachalot_launch_spin(cudaStream_t stream, volatile unsigned int* flag) {
 }
 """
 
-FUNCTIONS = ["prepare", "run_start", "run_pass", "release_all", "counters", "finish"]
+FUNCTIONS = ["prepare", "run_start", "run_pass", "release_all", "counters", "finish",
+             "run_observed", "hot_loop"]
 
 
 def build(verbose=False):

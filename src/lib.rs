@@ -10,6 +10,7 @@
 pub mod explain;
 pub mod export;
 pub mod fit;
+pub mod gpubench;
 pub mod replay;
 pub mod selfcheck;
 pub mod snapshot;

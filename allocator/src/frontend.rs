@@ -202,6 +202,11 @@ impl<B: Backend> Allocator<B> {
         if let Some((l, true)) = &local {
             inner.threads.push(Arc::clone(l));
         }
+        // Rule 17a: parked blocks go back before the device grows for a request the cache
+        // cannot serve.
+        if inner.any_parked() && !inner.core.has_cached_block(size, stream)? {
+            inner.flush_all();
+        }
         let mut r = inner.core.malloc(size, stream);
         // Rule 17: before reporting out-of-memory, parked blocks go back and the request is
         // made once more.

@@ -98,6 +98,21 @@ impl Model {
                 Pool::Large => self.large_searches += 1,
             }
         }
+        self.search_free_set(pool, stream, rounded)
+    }
+
+    /// Rule 17a's question: would a request of `size` bytes on `stream` be served from the
+    /// cache? Rule 5 runs (it would run first anyway), then rule 6's search is asked without
+    /// counting it.
+    pub(crate) fn has_cached_block(&mut self, size: u64, stream: u64) -> bool {
+        self.process_events();
+        let rounded = rules::round_size(size, &self.config.roundup_power2_divisions);
+        let pool = rules::pool_for(rounded);
+        self.search_free_set(pool, stream, rounded).is_some()
+    }
+
+    /// Rule 6's search itself: the block it would hand out, if any.
+    fn search_free_set(&self, pool: Pool, stream: u64, rounded: u64) -> Option<u64> {
         // The first entry of the free set at or after (stream, rounded, 0).
         let free = state::free_set(&self.segments, pool);
         let index = free.iter().position(|e| e.key() >= (stream, rounded, 0))?;

@@ -57,6 +57,12 @@ impl Model {
         if let Some(i) = hit {
             return Ok(self.threads[index].parked.remove(i));
         }
+        // Rule 17a: parked blocks before new memory — when the cache cannot serve the request,
+        // every parked block is freed first.
+        if self.threads.iter().any(|t| !t.parked.is_empty()) && !self.has_cached_block(size, stream)
+        {
+            self.flush_all_threads();
+        }
         let mut result = self.malloc(size, stream);
         if matches!(result, Err(ModelError::OutOfMemory { .. }))
             && self.threads.iter().any(|t| !t.parked.is_empty())
@@ -211,6 +217,28 @@ mod tests {
         m.empty_cache();
         assert_eq!(m.thread_cached_blocks(), 0);
         assert_eq!(m.device_used(), 0);
+        m.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn parked_blocks_go_back_before_the_device_grows() {
+        let mib = 1 << 20;
+        let mut m = model(8);
+        let a = m.malloc_on(1, 20 * mib, 0).unwrap();
+        m.free_on(1, a).unwrap();
+        assert_eq!(m.thread_cached_blocks(), 1);
+        // Another size: no parked hit, and no cached block serves it, so the parked block is
+        // freed first and serves the request; the device does not grow.
+        let b = m.malloc_on(1, 19 * mib, 0).unwrap();
+        assert_eq!(b, a);
+        assert_eq!(m.thread_cached_blocks(), 0);
+        assert_eq!(m.device_used(), 20 * mib);
+        // A request the cache can serve leaves parked blocks parked.
+        let c = m.malloc_on(2, 4096, 0).unwrap();
+        m.free_on(2, c).unwrap();
+        let d = m.malloc_on(2, 8192, 0).unwrap();
+        assert_ne!(d, c);
+        assert_eq!(m.thread_cached_blocks(), 1);
         m.check_invariants().unwrap();
     }
 

@@ -6,6 +6,7 @@
 //! key; a failure while running (the device, writing an output) exits with code 1. Nothing
 //! the user gives makes the program panic.
 
+mod bench_report;
 mod compare;
 mod cuda;
 mod explain;
@@ -44,6 +45,9 @@ pub enum Command {
     /// What holds the memory at the peak (or any operation): live tensors by allocation
     /// stack, what empty_cache() would give back, what is stranded, and replayed advice.
     Explain(explain::ExplainArgs),
+    /// Turn a side-by-side GPU benchmark's run files (docs/GPU_BENCH.md) into a results
+    /// file, a CSV, Markdown tables with the targets, and SVG plots.
+    BenchReport(bench_report::BenchReportArgs),
 }
 
 /// Where a replay runs.
@@ -196,6 +200,7 @@ pub fn main() -> ExitCode {
         Command::Compare(args) => compare::run(args),
         Command::Fit(args) => fit::run(args),
         Command::Explain(args) => explain::run(args),
+        Command::BenchReport(args) => bench_report::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -391,6 +391,20 @@ impl<B: Backend> CachingCore<B> {
         }))
     }
 
+    /// Whether a request of `size` bytes on `stream` would be served from the cache: rule 5
+    /// runs (completed events return their blocks), then rule 6's search is asked, without
+    /// counting it as a search and without taking the block. Rule 17a asks this before a
+    /// thread-cache miss may grow the device. `size` must be in `1..=MAX_ALLOC_SIZE`.
+    pub fn has_cached_block(&mut self, size: u64, stream: StreamId) -> Result<bool, Error> {
+        if !self.events.is_empty() {
+            self.process_events()?;
+        }
+        let rounded = round_size(size, &self.settings.roundup_power2_divisions);
+        Ok(self
+            .find_free_block(Pool::for_size(rounded), stream, rounded)
+            .is_some())
+    }
+
     /// Rule 6: the smallest `(size, address)` free block of the stream that fits, unless the
     /// oversize rules forbid it. Removes it from the free set.
     fn get_free_block(&mut self, pool: Pool, stream: StreamId, rounded: u64) -> Option<BlockId> {
@@ -398,6 +412,15 @@ impl<B: Backend> CachingCore<B> {
         if self.gc_enabled() {
             self.searches[p] += 1;
         }
+        let key = self.find_free_block(pool, stream, rounded)?;
+        self.free[p].remove(&key);
+        Some(key.3)
+    }
+
+    /// Rule 6's search (with rule 19a's walk by reach): the free-set key of the block to hand
+    /// out, or `None`. Changes nothing.
+    fn find_free_block(&self, pool: Pool, stream: StreamId, rounded: u64) -> Option<FreeKey> {
+        let p = pool.index();
         let mut candidates = self.free[p].range((stream, rounded, 0, 0)..);
         let mut key = *candidates.next()?;
         if key.0 != stream {
@@ -418,7 +441,7 @@ impl<B: Backend> CachingCore<B> {
                 reach = r;
             }
         }
-        let (_, size, _, id) = key;
+        let (_, size, _, _) = key;
         let max_split = self.settings.max_split_size;
         if rounded < max_split && size >= max_split {
             return None;
@@ -428,8 +451,7 @@ impl<B: Backend> CachingCore<B> {
         {
             return None;
         }
-        self.free[p].remove(&key);
-        Some(id)
+        Some(key)
     }
 
     /// Rule 8: a new segment as one block (not in the free set), or `None` on out-of-memory.

@@ -1,0 +1,51 @@
+//! Rule 17a, through the thread-safe front end: parked blocks go back before the device grows.
+
+use cachalot::{Allocator, Settings, SimDevice, StreamId};
+
+const MIB: u64 = 1 << 20;
+
+fn allocator(expandable: bool) -> Allocator<SimDevice> {
+    let mut settings = if expandable {
+        Settings::cachalot()
+    } else {
+        Settings::pytorch()
+    };
+    settings.thread_cache_blocks = 8;
+    Allocator::new(SimDevice::new(8 << 30), settings).unwrap()
+}
+
+#[test]
+fn a_request_the_cache_cannot_serve_reuses_parked_blocks_instead_of_growing() {
+    for expandable in [false, true] {
+        let a = allocator(expandable);
+        let s = StreamId(0);
+        let first = a.malloc(20 * MIB, s).unwrap();
+        a.free(first).unwrap();
+        assert_eq!(a.thread_cached_blocks(), 1);
+        let reserved = a.stats().reserved_bytes.all.current;
+        // Another requested size: not a parked hit; nothing free fits; the parked block is
+        // freed first and serves it.
+        let second = a.malloc(19 * MIB, s).unwrap();
+        assert_eq!(second, first, "expandable {expandable}");
+        assert_eq!(a.thread_cached_blocks(), 0);
+        assert_eq!(
+            a.stats().reserved_bytes.all.current,
+            reserved,
+            "expandable {expandable}"
+        );
+        a.free(second).unwrap();
+    }
+}
+
+#[test]
+fn a_request_the_cache_can_serve_leaves_parked_blocks_parked() {
+    let a = allocator(false);
+    let s = StreamId(0);
+    let small = a.malloc(4096, s).unwrap();
+    a.free(small).unwrap();
+    // The small segment's free rest serves 8 KiB: the parked 4 KiB block stays parked.
+    let other = a.malloc(8192, s).unwrap();
+    assert_ne!(other, small);
+    assert_eq!(a.thread_cached_blocks(), 1);
+    assert_eq!(a.malloc(4096, s).unwrap(), small);
+}

@@ -1,0 +1,253 @@
+//! `cachalot bench-report`: the side-by-side GPU benchmark's run files (docs/GPU_BENCH.md)
+//! become results.json, results.csv, results.md with the targets, and SVG plots; a file that
+//! is not a run is refused with its name.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::json;
+
+fn cachalot(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cachalot"))
+        .args(args)
+        .output()
+        .expect("cachalot runs")
+}
+
+fn trace_run(
+    allocator: &str,
+    trace: &str,
+    requested: u64,
+    reserved: u64,
+    steady: f64,
+) -> serde_json::Value {
+    let n = 50u64;
+    json!({
+        "schema": "cachalot gpu-bench v1",
+        "kind": "trace",
+        "allocator": allocator,
+        "trace": trace,
+        "lines": 1000, "total_lines": 1000, "allocs": 500, "ooms": 0,
+        "peak_requested": requested,
+        "peak_reserved": reserved,
+        "peak_allocated": null,
+        "ratio": reserved as f64 / requested as f64,
+        "driver_calls": 7, "driver_calls_detail": "test",
+        "reserved_changes": 7, "cache_hits": 493, "hit_rate": 0.986,
+        "passes": 3,
+        "ns_per_op_first": steady * 3.0,
+        "ns_per_op_steady": steady,
+        "timeline": {
+            "line": (0..n).map(|i| i * 20).collect::<Vec<_>>(),
+            "requested": (0..n).map(|i| requested * i / n).collect::<Vec<_>>(),
+            "reserved": (0..n).map(|i| reserved * i / n).collect::<Vec<_>>(),
+        },
+        "notes": null
+    })
+}
+
+fn hot(allocator: &str, path: &str, walls: [f64; 4]) -> serde_json::Value {
+    json!({
+        "schema": "cachalot gpu-bench v1",
+        "kind": "hot_loop",
+        "allocator": allocator,
+        "path": path,
+        "size": 1048576,
+        "threads": [1, 2, 4, 8],
+        "pairs_per_thread": [1000, 500, 250, 125],
+        "wall_ns_per_pair": walls,
+        "ns_per_pair_per_thread": [walls[0], walls[1] * 2.0, walls[2] * 4.0, walls[3] * 8.0],
+    })
+}
+
+fn write_runs(dir: &Path, runs: &[serde_json::Value]) {
+    let runs_dir = dir.join("runs");
+    std::fs::create_dir_all(&runs_dir).unwrap();
+    for (i, r) in runs.iter().enumerate() {
+        std::fs::write(runs_dir.join(format!("{i:03}.json")), r.to_string()).unwrap();
+    }
+    std::fs::write(
+        dir.join("machine.json"),
+        json!({"gpu": "test GPU", "date": "2026-12-01"}).to_string(),
+    )
+    .unwrap();
+}
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "cachalot-bench-report-{}-{name}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+#[test]
+fn the_report_states_each_target_met_or_missed_with_its_figures() {
+    let dir = tmp("targets");
+    let mib = 1u64 << 20;
+    write_runs(
+        &dir,
+        &[
+            // bert: same memory under PyTorch's policy, cachalot's policy below everyone.
+            trace_run("pytorch", "bert", 100 * mib, 150 * mib, 400.0),
+            trace_run("pytorch-expandable", "bert", 100 * mib, 120 * mib, 420.0),
+            trace_run("cuda-pool", "bert", 100 * mib, 110 * mib, 900.0),
+            trace_run("cachalot-pytorch", "bert", 100 * mib, 150 * mib, 40.0),
+            trace_run("cachalot", "bert", 100 * mib, 102 * mib, 45.0),
+            // gpt: cachalot's PyTorch policy holds 2 MiB more; its own policy ties the pool;
+            // replay only 4× faster.
+            trace_run("pytorch", "gpt", 200 * mib, 240 * mib, 300.0),
+            trace_run("cuda-pool", "gpt", 200 * mib, 204 * mib, 800.0),
+            trace_run("cachalot-pytorch", "gpt", 200 * mib, 242 * mib, 75.0),
+            trace_run("cachalot", "gpt", 200 * mib, 204 * mib, 75.0),
+            hot("pytorch", "raw", [400.0, 800.0, 1600.0, 3200.0]),
+            hot("cachalot", "allocator", [80.0, 40.0, 20.0, 10.0]),
+            hot("cachalot", "buffer", [100.0, 60.0, 40.0, 200.0]),
+        ],
+    );
+    let out = cachalot(&["bench-report", dir.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let md = std::fs::read_to_string(dir.join("results.md")).unwrap();
+    let target = |start: &str| {
+        md.lines()
+            .find(|l| l.starts_with(&format!("| {start}")))
+            .unwrap_or_else(|| panic!("no target line starting {start:?} in\n{md}"))
+            .to_string()
+    };
+    // 1 thread: 400/80 = 5× and 400/100 = 4×: missed.
+    let one = target("hot 1 MiB pair on 1 thread");
+    assert!(one.contains("| **no** |"), "{one}");
+    assert!(one.contains("through allocator: 5.0×"), "{one}");
+    // 8 threads: 3200/10 = 320× met through the allocator, 16× through buffers: missed.
+    let eight = target("hot 1 MiB pairs, 8 threads");
+    assert!(
+        eight.contains("| **no** |") && eight.contains("through allocator: 320.0×"),
+        "{eight}"
+    );
+    assert!(eight.contains("through buffer: 16.0×"), "{eight}");
+    // Replay speed: bert 400/45 = 8.9×, gpt 300/75 = 4× → 1 of 2.
+    let speed = target("trace replay, steady ns/op: cachalot's policy");
+    assert!(
+        speed.contains("1 of 2 traces reach 8×") && speed.contains("worst gpt 4.00×"),
+        "{speed}"
+    );
+    let same = target("with PyTorch's settings");
+    assert!(
+        same.contains("| **no** |") && same.contains("equal on 1 of 2") && same.contains("gpt:"),
+        "{same}"
+    );
+    let own = target("cachalot's policy holds less");
+    assert!(
+        own.contains("| **no** |")
+            && own.contains("below on 1 of 2")
+            && own.contains("gpt (= CUDA pool)"),
+        "{own}"
+    );
+    // The memory table marks the least memory per trace, and the machine is named.
+    assert!(md.contains("**1.020 (102.0 MiB)**"), "{md}");
+    assert!(md.contains("- gpu: test GPU"), "{md}");
+    // CSV: a header and one line per run; JSON: no timelines, the targets.
+    let csv = std::fs::read_to_string(dir.join("results.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 1 + 9);
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap()).unwrap();
+    assert_eq!(json["traces"].as_array().unwrap().len(), 9);
+    assert!(json["traces"][0].get("timeline").is_none());
+    assert_eq!(json["targets"].as_array().unwrap().len(), 6);
+    for svg in [
+        "fragmentation.svg",
+        "ns_per_op.svg",
+        "hot_loop.svg",
+        "timeline_bert.svg",
+        "timeline_gpt.svg",
+    ] {
+        let text = std::fs::read_to_string(dir.join(svg)).unwrap_or_else(|e| panic!("{svg}: {e}"));
+        assert!(text.starts_with("<svg") && text.len() > 1000, "{svg}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn targets_met_say_yes() {
+    let dir = tmp("met");
+    let mib = 1u64 << 20;
+    write_runs(
+        &dir,
+        &[
+            trace_run("pytorch", "bert", 100 * mib, 150 * mib, 400.0),
+            trace_run("cachalot-pytorch", "bert", 100 * mib, 150 * mib, 40.0),
+            trace_run("cachalot", "bert", 100 * mib, 102 * mib, 45.0),
+        ],
+    );
+    let out = cachalot(&["bench-report", dir.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let md = std::fs::read_to_string(dir.join("results.md")).unwrap();
+    for start in [
+        "trace replay, steady ns/op: cachalot's policy",
+        "with PyTorch's settings",
+        "cachalot's policy holds less",
+    ] {
+        let line = md
+            .lines()
+            .find(|l| l.starts_with(&format!("| {start}")))
+            .unwrap();
+        assert!(line.contains("| yes |"), "{line}");
+    }
+    // Not measured: no hot loops.
+    let line = md
+        .lines()
+        .find(|l| l.starts_with("| hot 1 MiB pair"))
+        .unwrap();
+    assert!(
+        line.contains("| – |") && line.contains("not measured"),
+        "{line}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_file_that_is_not_a_run_is_refused_by_name() {
+    for (bad, why) in [
+        ("{\"schema\": \"something else\"}", "schema"),
+        ("not json", "not a `cachalot gpu-bench v1` run"),
+        (
+            "{\"schema\": \"cachalot gpu-bench v1\", \"kind\": \"trace\", \"allocator\": \"x\"}",
+            "without a `trace`",
+        ),
+        (
+            "{\"schema\": \"cachalot gpu-bench v1\", \"kind\": \"hot_loop\", \"allocator\": \"x\", \"threads\": [1, 2], \"pairs_per_thread\": [1], \"wall_ns_per_pair\": [1.0]}",
+            "differ in length",
+        ),
+        (
+            "{\"schema\": \"cachalot gpu-bench v1\", \"kind\": \"trace\", \"allocator\": \"x\", \"trace\": \"t\", \"peak_reserved\": -5}",
+            "invalid value",
+        ),
+    ] {
+        let dir = tmp("bad");
+        std::fs::create_dir_all(dir.join("runs")).unwrap();
+        std::fs::write(dir.join("runs/broken.json"), bad).unwrap();
+        let out = cachalot(&["bench-report", dir.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
+        assert!(
+            err.contains("broken.json") && err.contains(why),
+            "{bad}: {err}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let empty = tmp("empty");
+    std::fs::create_dir_all(empty.join("runs")).unwrap();
+    let out = cachalot(&["bench-report", empty.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no run files"));
+    let _ = std::fs::remove_dir_all(&empty);
+}
