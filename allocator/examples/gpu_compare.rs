@@ -1383,7 +1383,7 @@ fn run_trace<T: Target>(
     };
     write_json(&o.out, &format!("{key}__{}.json", program.name), &run)?;
     println!(
-        "{:<20} {:<20} {:>12} {:>7} {:>8} {:>7} {:>9} {:>9}{}",
+        "{:<22} {:<20} {:>10} {:>7} {:>8} {:>7} {:>9} {:>9}{}",
         program.name,
         key,
         mib(run.peak_reserved),
@@ -1496,7 +1496,7 @@ fn run_traces(
     ctx: Option<&Arc<CudaContext>>,
 ) -> Result<(), Failure> {
     println!(
-        "{:<20} {:<20} {:>12} {:>7} {:>8} {:>7} {:>9} {:>9}",
+        "{:<22} {:<20} {:>10} {:>7} {:>8} {:>7} {:>9} {:>9}",
         "trace", "allocator", "peak MiB", "ratio", "drv calls", "hits", "ns first", "ns steady"
     );
     for program in programs {
