@@ -1,5 +1,7 @@
 //! Rule 17a, through the thread-safe front end: parked blocks go back before the device grows.
 
+#![cfg(not(loom))]
+
 use cachalot::{Allocator, Settings, SimDevice, StreamId};
 
 const MIB: u64 = 1 << 20;
