@@ -101,6 +101,8 @@ pub struct TraceRun {
     pub driver_calls: Option<u64>,
     /// What `driver_calls` counts.
     pub driver_calls_detail: Option<String>,
+    /// Driver calls per timed pass after the first (the steady state), where counted.
+    pub driver_calls_steady: Option<f64>,
     /// Operation lines after which reserved memory differed from before.
     pub reserved_changes: Option<u64>,
     /// Allocations that neither grew reserved memory nor made a device allocation.
@@ -161,6 +163,10 @@ pub struct Results {
     pub traces: Vec<TraceRun>,
     /// Hot loops.
     pub hot: Vec<HotLoop>,
+    /// Per trace, from its ops file (`DIR/ops/TRACE.ops`) where present: the most bytes in
+    /// use at once, live allocations and held-back frees (until their side stream completes)
+    /// together — the least any allocator must hold.
+    pub in_use: BTreeMap<String, u64>,
 }
 
 fn io(path: &Path, e: impl std::fmt::Display) -> BenchError {
@@ -253,6 +259,16 @@ pub fn load(dir: &Path) -> Result<Results, BenchError> {
             message: e.to_string(),
         })?;
     }
+    for trace in results.trace_names() {
+        let ops = dir.join("ops").join(format!("{trace}.ops"));
+        if let Ok(text) = std::fs::read_to_string(&ops) {
+            let peak = peak_in_use(&text).map_err(|message| BenchError::Format {
+                path: ops.clone(),
+                message,
+            })?;
+            results.in_use.insert(trace, peak);
+        }
+    }
     results.traces.sort_by(|a, b| {
         (
             trace_rank(&a.trace),
@@ -273,6 +289,67 @@ pub fn load(dir: &Path) -> Result<Results, BenchError> {
         ))
     });
     Ok(results)
+}
+
+/// The most bytes in use at once in a `cachalot ops v1` program, its start included: live
+/// allocations plus frees held back behind a side stream (`r ID SIDE`, `f ID`, … `c SIDE`).
+///
+/// ```
+/// use cachalot_tools::gpubench::peak_in_use;
+/// // 10 live, then 10 more; the first is freed behind side stream 0, which completes last.
+/// let ops = "# cachalot ops v1\ns\na 0 10 0\na 1 10 0\nr 0 0\nf 0\na 2 5 0\nc 0\n";
+/// assert_eq!(peak_in_use(ops), Ok(25));
+/// assert!(peak_in_use("s\nx 1\n").unwrap_err().contains("line 2"));
+/// ```
+pub fn peak_in_use(ops: &str) -> Result<u64, String> {
+    let mut live: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut recorded: BTreeMap<u64, u64> = BTreeMap::new(); // handle -> side
+    let mut held: BTreeMap<u64, u64> = BTreeMap::new(); // side -> bytes
+    let (mut now, mut peak) = (0u64, 0u64);
+    for (i, line) in ops.lines().enumerate() {
+        let bad = |what: &str| format!("line {}: {what}: {line:?}", i + 1);
+        let mut f = line.split(' ');
+        let kind = f.next().unwrap_or("");
+        let mut num = || -> Result<u64, String> {
+            f.next()
+                .and_then(|x| x.parse().ok())
+                .ok_or_else(|| bad("a number was expected"))
+        };
+        match kind {
+            "" | "s" | "e" => {}
+            k if k.starts_with('#') => {}
+            "a" => {
+                let (id, size) = (num()?, num()?);
+                if live.insert(id, size).is_some() {
+                    return Err(bad("a handle allocated twice"));
+                }
+                now += size;
+                peak = peak.max(now);
+            }
+            "r" => {
+                let (id, side) = (num()?, num()?);
+                if live.contains_key(&id) {
+                    recorded.insert(id, side);
+                }
+            }
+            "f" => {
+                let id = num()?;
+                if let Some(size) = live.remove(&id) {
+                    match recorded.remove(&id) {
+                        Some(side) => *held.entry(side).or_default() += size,
+                        None => now -= size,
+                    }
+                }
+            }
+            "c" => {
+                if let Some(size) = held.remove(&num()?) {
+                    now -= size;
+                }
+            }
+            _ => return Err(bad("not an operation")),
+        }
+    }
+    Ok(peak)
 }
 
 /// Synthetic workloads after the recorded traces.
@@ -543,11 +620,14 @@ pub fn markdown(results: &Results) -> String {
     // Memory.
     let _ = writeln!(
         s,
-        "## Memory: peak reserved ÷ peak requested (peak reserved)\n\nBold: the least memory \
-         among the allocators that ran the whole trace. cuMemAlloc runs a prefix only (its own \
-         peak requested).\n"
+        "## Memory: peak reserved ÷ peak in use (peak reserved)\n\n*In use*: live allocations \
+         plus frees held back until their side stream completes, the least any allocator must \
+         hold (from the ops file; without it, peak requested, which leaves the held-back frees \
+         out). Bold: the least memory among the allocators that ran the whole trace. \
+         cuMemAlloc runs a prefix of each trace: its peak reserved there. The results \
+         files' `ratio` is peak reserved ÷ peak requested.\n"
     );
-    header(&mut s, &["trace", "peak requested"]);
+    header(&mut s, &["trace", "peak requested", "in use"]);
     let mut ratios: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for trace in &traces {
         let requested = allocators
@@ -560,15 +640,26 @@ pub fn markdown(results: &Results) -> String {
             .filter(|a| WHOLE_TRACE.contains(&a.as_str()))
             .filter_map(|a| results.run(trace, a).map(|r| r.peak_reserved))
             .min();
-        let _ = write!(s, "| {trace} | {requested} |");
+        let in_use = results
+            .in_use
+            .get(trace)
+            .map_or_else(|| "–".into(), |b| crate::units::human(*b));
+        let _ = write!(s, "| {trace} | {requested} | {in_use} |");
         for a in &allocators {
             match results.run(trace, a) {
                 Some(r) => {
-                    let ratio = r.ratio.unwrap_or(f64::NAN);
+                    let ratio = match results.in_use.get(trace) {
+                        Some(&b) if a != "cumemalloc" && b > 0 => r.peak_reserved as f64 / b as f64,
+                        _ => r.ratio.unwrap_or(f64::NAN),
+                    };
                     if a != "cumemalloc" {
                         ratios.entry(a.clone()).or_default().push(ratio);
                     }
-                    let cell = format!("{ratio:.3} ({})", crate::units::human(r.peak_reserved));
+                    let cell = if a == "cumemalloc" {
+                        format!("prefix: {}", crate::units::human(r.peak_reserved))
+                    } else {
+                        format!("{ratio:.3} ({})", crate::units::human(r.peak_reserved))
+                    };
                     if Some(r.peak_reserved) == best && WHOLE_TRACE.contains(&a.as_str()) {
                         let _ = write!(s, " **{cell}** |");
                     } else {
@@ -580,7 +671,7 @@ pub fn markdown(results: &Results) -> String {
         }
         s.push('\n');
     }
-    let _ = write!(s, "| geometric mean (of the traces each ran) | |");
+    let _ = write!(s, "| geometric mean (of the traces each ran) | | |");
     for a in &allocators {
         let _ = write!(
             s,
@@ -624,7 +715,8 @@ pub fn markdown(results: &Results) -> String {
     // Driver calls and cache hits.
     let _ = writeln!(
         s,
-        "## Driver: memory calls / reserved-memory changes / cache-hit rate (observed pass)\n"
+        "## Driver: memory calls (first pass; per steady pass) / reserved-memory changes / \
+         cache-hit rate (first pass)\n"
     );
     header(&mut s, &["trace", "allocations"]);
     for trace in &traces {
@@ -637,9 +729,12 @@ pub fn markdown(results: &Results) -> String {
         for a in &allocators {
             match results.run(trace, a) {
                 Some(r) => {
+                    let steady = r
+                        .driver_calls_steady
+                        .map_or_else(String::new, |c| format!(" ({c:.0})"));
                     let _ = write!(
                         s,
-                        " {} / {} / {} |",
+                        " {}{steady} / {} / {} |",
                         opt(r.driver_calls),
                         opt(r.reserved_changes),
                         r.hit_rate
@@ -744,7 +839,8 @@ fn csv_field(v: &str) -> String {
 pub fn csv(results: &Results) -> String {
     let mut s = String::from(
         "trace,allocator,lines,total_lines,allocs,ooms,peak_requested,peak_reserved,\
-         peak_allocated,ratio,driver_calls,reserved_changes,cache_hits,hit_rate,passes,\
+         peak_allocated,ratio,driver_calls,driver_calls_steady,reserved_changes,cache_hits,\
+         hit_rate,passes,\
          ns_per_op_first,ns_per_op_steady,notes,error\n",
     );
     let f = |v: Option<f64>| v.map_or_else(String::new, |v| format!("{v}"));
@@ -762,6 +858,7 @@ pub fn csv(results: &Results) -> String {
             u(r.peak_allocated),
             f(r.ratio),
             u(r.driver_calls),
+            f(r.driver_calls_steady),
             u(r.reserved_changes),
             u(r.cache_hits),
             f(r.hit_rate),

@@ -1184,13 +1184,14 @@ pub fn observed_pass<T: Target>(
 
 /// The timed passes: the start (untimed), `lines` lines after `s` on the fresh allocator, then
 /// `passes - 1` more times, each after releasing everything (untimed). Nanoseconds per line:
-/// the first pass, and the mean of the others (`None` with one pass).
+/// the first pass, and the mean of the others (`None` with one pass); and the driver calls
+/// per pass after the first (`None` with one pass, or where the allocator does not count).
 pub fn timed_passes<T: Target>(
     target: &mut T,
     program: &Program,
     lines: usize,
     passes: usize,
-) -> Result<(f64, Option<f64>), Failure> {
+) -> Result<(f64, Option<f64>, Option<f64>), Failure> {
     let mut st = State::new(program);
     for &op in &program.start {
         st.step(target, program, op)?;
@@ -1203,6 +1204,7 @@ pub fn timed_passes<T: Target>(
     }
     let first = t.elapsed().as_nanos() as f64 / per_line;
     st.release_all(target, program)?;
+    let calls_before = target.driver_calls().map(|(n, _)| n);
     let mut steady_ns = 0u128;
     for _ in 1..passes {
         let t = Instant::now();
@@ -1213,7 +1215,15 @@ pub fn timed_passes<T: Target>(
         st.release_all(target, program)?;
     }
     let steady = (passes > 1).then(|| steady_ns as f64 / (per_line * (passes - 1) as f64));
-    Ok((first, steady))
+    // Driver calls per steady pass (the releases between passes included: they are frees,
+    // which unmap nothing without empty_cache).
+    let calls = match (calls_before, target.driver_calls()) {
+        (Some(before), Some((after, _))) if passes > 1 => {
+            Some(after.saturating_sub(before) as f64 / (passes - 1) as f64)
+        }
+        _ => None,
+    };
+    Ok((first, steady, calls))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1280,6 +1290,8 @@ pub struct TraceRun {
     pub driver_calls: Option<u64>,
     /// What they were, or null.
     pub driver_calls_detail: Option<String>,
+    /// Driver calls per timed pass after the first (steady state), or null.
+    pub driver_calls_steady: Option<f64>,
     /// Lines after which reserved memory changed.
     pub reserved_changes: usize,
     /// Allocations served without growing reserved memory or a device allocation.
@@ -1347,7 +1359,7 @@ fn run_trace<T: Target>(
         let mut target = make()?;
         observed_pass(&mut target, program, lines)?
     };
-    let (first, steady) = {
+    let (first, steady, steady_calls) = {
         let mut target = make()?;
         timed_passes(&mut target, program, lines, o.passes)?
     };
@@ -1371,6 +1383,7 @@ fn run_trace<T: Target>(
             .then(|| observed.peak_reserved as f64 / observed.peak_requested as f64),
         driver_calls,
         driver_calls_detail: detail,
+        driver_calls_steady: steady_calls,
         reserved_changes: observed.reserved_changes,
         cache_hits: observed.cache_hits,
         hit_rate: (observed.allocs > 0)

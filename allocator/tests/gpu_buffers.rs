@@ -402,11 +402,13 @@ fn the_last_handle_closes_the_allocator_and_live_buffers_give_memory_back_as_the
     let Setup { ctx, alloc, a, .. } = s;
     ctx.synchronize().unwrap();
     let before = free(&ctx);
-    drop(alloc.alloc(256 * MIB, &a).unwrap()); // cached
+    drop(alloc.alloc(256 * MIB, &a).unwrap()); // cached (parked in this thread's cache)
+    // Another size: the parked block goes back and serves it (rule 17a), so 192 MiB of it
+    // stay cached beside the live 64 MiB.
     let live = alloc.clone_htod(&vec![5u8; 64 * MIB], &a).unwrap();
     let clone = live.allocator().expect("the program holds the allocator");
     drop(clone);
-    assert!(before - free(&ctx) >= (320 * MIB) as i64);
+    assert!(before - free(&ctx) >= (256 * MIB) as i64);
     drop(alloc); // the last handle: the cache goes back, the live buffer stays
     assert!(live.allocator().is_none());
     let held = before - free(&ctx);
