@@ -792,36 +792,42 @@ pub fn markdown(results: &Results) -> String {
         };
         let _ = writeln!(s, "| {} | {met} | {} |", t.target, t.detail);
     }
-    // Notes and failures.
-    let notes: Vec<String> = results
-        .traces
-        .iter()
-        .filter_map(|r| {
-            let text = r
-                .error
-                .as_ref()
-                .map(|e| format!("failed: {e}"))
-                .or_else(|| r.notes.clone().filter(|n| !n.is_empty()))?;
-            Some(format!(
-                "- {} on {}: {text}",
-                allocator_label(&r.allocator),
-                r.trace
-            ))
-        })
-        .chain(results.hot.iter().filter_map(|h| {
-            h.error.as_ref().map(|e| {
+    // Notes and failures: each distinct note once, with the traces it applies to.
+    let mut grouped: Vec<(String, Vec<String>)> = Vec::new();
+    let mut add = |text: String, trace: &str| match grouped.iter_mut().find(|(t, _)| *t == text) {
+        Some((_, traces)) => traces.push(trace.to_string()),
+        None => grouped.push((text, vec![trace.to_string()])),
+    };
+    for r in &results.traces {
+        let label = allocator_label(&r.allocator);
+        if let Some(e) = &r.error {
+            add(format!("{label}: failed: {e}"), &r.trace);
+        } else if let Some(n) = r.notes.as_ref().filter(|n| !n.is_empty()) {
+            add(format!("{label}: {n}"), &r.trace);
+        }
+    }
+    for h in &results.hot {
+        if let Some(e) = &h.error {
+            add(
                 format!(
-                    "- {} hot loop ({}): failed: {e}",
+                    "{} hot loop ({}): failed: {e}",
                     allocator_label(&h.allocator),
                     h.path
-                )
-            })
-        }))
-        .collect();
-    if !notes.is_empty() {
+                ),
+                "hot loop",
+            );
+        }
+    }
+    if !grouped.is_empty() {
         let _ = writeln!(s, "\n## Notes\n");
-        for n in notes {
-            let _ = writeln!(s, "{n}");
+        let all = traces.len();
+        for (text, on) in grouped {
+            let on = if on.len() == all && all > 1 {
+                "every trace".to_string()
+            } else {
+                on.join(", ")
+            };
+            let _ = writeln!(s, "- {text} ({on})");
         }
     }
     s

@@ -63,7 +63,8 @@ const ALLOCATORS: [&str; 5] = [
 ];
 
 const USAGE: &str = "usage: gpu_compare --out DIR [--backend cuda|sim] [--passes N] \
-[--malloc-prefix LINES] [--only ALLOC,...] [--hot-pairs N] [--no-hot] [--no-traces] OPS...
+[--malloc-prefix LINES] [--only ALLOC,...] [--hot-pairs N] [--no-hot] [--no-traces] \
+[--cachalot-config CONF] OPS...
   --out DIR             where the results go (DIR/runs/*.json)
   --backend cuda|sim    the GPU (default) or cachalot's simulated device (pool and cuMemAlloc skipped)
   --passes N            timed passes over each trace (default 3; the first is the fresh allocator's)
@@ -72,7 +73,9 @@ const USAGE: &str = "usage: gpu_compare --out DIR [--backend cuda|sim] [--passes
   --hot-pairs N         alloc+free pairs of a hot loop, all threads together (default 2000000;
                         cuMemAlloc does N/1000)
   --no-hot              no hot loops
-  --no-traces           no trace runs (then no OPS needed)";
+  --no-traces           no trace runs (then no OPS needed)
+  --cachalot-config CONF  settings over cachalot's policy for the `cachalot` allocator
+                        (e.g. reclaim_headroom:0.1), written into each run's notes";
 
 /// Why the program stops.
 #[derive(Debug)]
@@ -153,6 +156,8 @@ pub struct Options {
     pub traces: bool,
     /// The ops files.
     pub ops: Vec<PathBuf>,
+    /// Settings applied over `Settings::cachalot()` for the `cachalot` allocator.
+    pub cachalot_config: Option<String>,
 }
 
 fn parse_number(option: &str, value: Option<&String>, min: u64) -> Result<u64, Failure> {
@@ -182,6 +187,7 @@ pub fn parse_options(args: &[String]) -> Result<Options, Failure> {
         hot: true,
         traces: true,
         ops: Vec::new(),
+        cachalot_config: None,
     };
     let mut out = None;
     let mut it = args.iter();
@@ -210,6 +216,15 @@ pub fn parse_options(args: &[String]) -> Result<Options, Failure> {
                 o.malloc_prefix = parse_number("--malloc-prefix", it.next(), 1)? as usize
             }
             "--hot-pairs" => o.hot_pairs = parse_number("--hot-pairs", it.next(), 8)?,
+            "--cachalot-config" => {
+                let conf = it
+                    .next()
+                    .ok_or_else(|| Failure::Usage("--cachalot-config needs settings".into()))?;
+                Settings::cachalot()
+                    .apply(conf)
+                    .map_err(|e| Failure::Usage(format!("--cachalot-config {conf:?}: {e}")))?;
+                o.cachalot_config = Some(conf.clone());
+            }
             "--only" => {
                 let list = it
                     .next()
@@ -1417,7 +1432,7 @@ fn run_trace<T: Target>(
 }
 
 /// cachalot's settings for an allocator key (`None` for the baselines).
-fn cachalot_settings(key: &str) -> Option<Settings> {
+fn cachalot_settings(o: &Options, key: &str) -> Option<Settings> {
     match key {
         "cachalot-pytorch" => Some(Settings::pytorch()),
         "cachalot-expandable" => Some(
@@ -1425,7 +1440,11 @@ fn cachalot_settings(key: &str) -> Option<Settings> {
                 .apply("expandable_segments:True")
                 .expect("a valid setting"),
         ),
-        "cachalot" => Some(Settings::cachalot()),
+        "cachalot" => Some(match &o.cachalot_config {
+            // Checked when the options were read.
+            Some(conf) => Settings::cachalot().apply(conf).ok()?,
+            None => Settings::cachalot(),
+        }),
         _ => None,
     }
 }
@@ -1516,16 +1535,20 @@ fn run_traces(
         for &key in &o.only {
             let full = program.trace.len();
             match (key, ctx) {
-                (_, None) if cachalot_settings(key).is_some() => {
-                    let settings = cachalot_settings(key).unwrap_or_else(Settings::pytorch);
-                    let notes = format!("simulated device ({} GiB), not a GPU", SIM_CAPACITY >> 30);
+                (_, None) if cachalot_settings(o, key).is_some() => {
+                    let settings = cachalot_settings(o, key).unwrap_or_else(Settings::pytorch);
+                    let mut notes =
+                        format!("simulated device ({} GiB), not a GPU", SIM_CAPACITY >> 30);
+                    if let (Some(conf), "cachalot") = (&o.cachalot_config, key) {
+                        notes.push_str(&format!("; --cachalot-config {conf}"));
+                    }
                     run_trace(o, key, program, full, notes, &mut || {
                         sim_cachalot(settings.clone(), program)
                     })?;
                 }
                 (_, None) => {}
-                (_, Some(ctx)) if cachalot_settings(key).is_some() => {
-                    let settings = cachalot_settings(key).unwrap_or_else(Settings::pytorch);
+                (_, Some(ctx)) if cachalot_settings(o, key).is_some() => {
+                    let settings = cachalot_settings(o, key).unwrap_or_else(Settings::pytorch);
                     let mut notes = String::new();
                     if settings == Settings::cachalot() {
                         let probe = CudaBackend::new(Arc::clone(ctx))
@@ -1535,6 +1558,9 @@ fn run_traces(
                                      expandable segments"
                                 .into();
                         }
+                    }
+                    if let (Some(conf), "cachalot") = (&o.cachalot_config, key) {
+                        notes.push_str(&format!("--cachalot-config {conf}"));
                     }
                     run_trace(o, key, program, full, notes, &mut || {
                         cuda_cachalot(ctx, settings.clone(), program)
@@ -1692,7 +1718,7 @@ fn run_hot(o: &Options, ctx: Option<&Arc<CudaContext>>) -> Result<(), Failure> {
     let Some(ctx) = ctx else {
         let ids: Vec<StreamId> = (1..=HOT_THREADS[3] as u64).map(StreamId).collect();
         for &key in &o.only {
-            if let Some(settings) = cachalot_settings(key) {
+            if let Some(settings) = cachalot_settings(o, key) {
                 let alloc = Allocator::new(SimDevice::new(SIM_CAPACITY), settings)
                     .map_err(|e| fail("cannot build the allocator", e))?;
                 hot_allocator(o, key, &alloc, &ids)?;
@@ -1706,7 +1732,7 @@ fn run_hot(o: &Options, ctx: Option<&Arc<CudaContext>>) -> Result<(), Failure> {
         .map_err(|e| fail("creating a CUDA stream", e))?;
     let ids: Vec<StreamId> = streams.iter().map(|s| stream_id(s)).collect();
     for &key in &o.only {
-        if let Some(settings) = cachalot_settings(key) {
+        if let Some(settings) = cachalot_settings(o, key) {
             {
                 let mut backend =
                     CudaBackend::new(Arc::clone(ctx)).map_err(|e| fail("the CUDA backend", e))?;
@@ -1791,7 +1817,7 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
                 .only
                 .iter()
                 .copied()
-                .filter(|k| cachalot_settings(k).is_none())
+                .filter(|k| cachalot_settings(&o, k).is_none())
                 .collect();
             println!(
                 "simulated device ({} GiB){}",
