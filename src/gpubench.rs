@@ -384,6 +384,19 @@ impl Results {
             .find(|r| r.trace == trace && r.allocator == allocator && r.error.is_none())
     }
 
+    /// Peak reserved ÷ peak in use (live plus held-back frees, from the ops file) of
+    /// `allocator` on `trace`; ÷ peak requested where the ops file is absent, and always for
+    /// `cumemalloc`, which runs a prefix.
+    pub fn memory_ratio(&self, trace: &str, allocator: &str) -> Option<f64> {
+        let r = self.run(trace, allocator)?;
+        match self.in_use.get(trace) {
+            Some(&b) if allocator != "cumemalloc" && b > 0 => {
+                Some(r.peak_reserved as f64 / b as f64)
+            }
+            _ => r.ratio,
+        }
+    }
+
     /// The successful hot loop of `allocator` through `path`.
     pub fn hot_loop(&self, allocator: &str, path: &str) -> Option<&HotLoop> {
         self.hot
@@ -648,10 +661,7 @@ pub fn markdown(results: &Results) -> String {
         for a in &allocators {
             match results.run(trace, a) {
                 Some(r) => {
-                    let ratio = match results.in_use.get(trace) {
-                        Some(&b) if a != "cumemalloc" && b > 0 => r.peak_reserved as f64 / b as f64,
-                        _ => r.ratio.unwrap_or(f64::NAN),
-                    };
+                    let ratio = results.memory_ratio(trace, a).unwrap_or(f64::NAN);
                     if a != "cumemalloc" {
                         ratios.entry(a.clone()).or_default().push(ratio);
                     }

@@ -78,13 +78,19 @@ fn plots(results: &Results, out: &Path) -> Result<Vec<String>, CliError> {
             .map(|t| {
                 whole
                     .iter()
-                    .map(|a| results.run(t, a).and_then(|r| r.ratio).unwrap_or(f64::NAN))
+                    .map(|a| results.memory_ratio(t, a).unwrap_or(f64::NAN))
                     .collect()
             })
             .collect();
         let labels: Vec<String> = whole.iter().map(|a| allocator_label(a)).collect();
         let name = "fragmentation.svg".to_string();
-        plot::fragmentation_bars(&out.join(&name), &traces, &labels, &values)?;
+        plot::fragmentation_bars(
+            &out.join(&name),
+            "memory: peak reserved / peak in use (live and held-back bytes)",
+            &traces,
+            &labels,
+            &values,
+        )?;
         names.push(name);
         let name = "ns_per_op.svg".to_string();
         let all = results.trace_allocators();
@@ -174,18 +180,9 @@ fn ns_bars(
         .border_style(BLACK)
         .draw()
         .map_err(|e| failed(path, e))?;
-    for (t, name) in traces.iter().enumerate() {
-        let (x, y) = chart.backend_coord(&(t as f64 + 0.5, lo));
-        let row = if t % 2 == 0 { 8 } else { 26 };
-        let style = TextStyle::from(("sans-serif", 13).into_font()).pos(
-            plotters::style::text_anchor::Pos::new(
-                plotters::style::text_anchor::HPos::Center,
-                plotters::style::text_anchor::VPos::Top,
-            ),
-        );
-        root.draw(&Text::new(name.clone(), (x, y + row), style))
-            .map_err(|e| failed(path, e))?;
-    }
+    plot::group_names(&root, path, traces, |t| {
+        chart.backend_coord(&(t as f64 + 0.5, lo))
+    })?;
     root.present().map_err(|e| failed(path, e))
 }
 
@@ -287,25 +284,9 @@ fn timeline(results: &Results, trace: &str, path: &Path) -> Result<bool, CliErro
         .unwrap_or(0) as f64
         / GIB;
     let root = SVGBackend::new(path, (1100, 520)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| failed(path, e))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!("{trace}: reserved memory per allocator"),
-            ("sans-serif", 20),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0..x_max, 0.0..(top * 1.08).max(1e-6))
-        .map_err(|e| failed(path, e))?;
-    chart
-        .configure_mesh()
-        .x_desc("operation line")
-        .y_desc("GiB")
-        .y_label_formatter(&|y| format!("{y:.2}"))
-        .light_line_style(WHITE.mix(0.0))
-        .draw()
-        .map_err(|e| failed(path, e))?;
+    let title = format!("{trace}: reserved memory per allocator");
+    let mut chart =
+        plot::timeline_chart(&root, path, &title, "operation line", x_max as usize, top)?;
     // The requested bytes once (the longest run's: the others are the same or a prefix).
     if let Some((_, t)) = runs.iter().max_by_key(|(r, _)| r.lines) {
         let grey = RGBColor(150, 150, 150);
@@ -314,7 +295,7 @@ fn timeline(results: &Results, trace: &str, path: &Path) -> Result<bool, CliErro
                 t.line
                     .iter()
                     .zip(&t.requested)
-                    .map(|(x, y)| (*x, *y as f64 / GIB)),
+                    .map(|(x, y)| (*x as usize, *y as f64 / GIB)),
                 grey.stroke_width(3),
             ))
             .map_err(|e| failed(path, e))?
@@ -334,7 +315,7 @@ fn timeline(results: &Results, trace: &str, path: &Path) -> Result<bool, CliErro
                 t.line
                     .iter()
                     .zip(&t.reserved)
-                    .map(|(x, y)| (*x, *y as f64 / GIB)),
+                    .map(|(x, y)| (*x as usize, *y as f64 / GIB)),
                 col.stroke_width(2),
             ))
             .map_err(|e| failed(path, e))?

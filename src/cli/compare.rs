@@ -114,7 +114,13 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
             .iter()
             .map(|r| r.results.iter().map(|x| x.fragmentation).collect())
             .collect();
-        plot::fragmentation_bars(path, &names, &labels, &values)?;
+        plot::fragmentation_bars(
+            path,
+            "fragmentation: peak reserved / peak requested",
+            &names,
+            &labels,
+            &values,
+        )?;
     }
     if args.json {
         let json = CompareJson {

@@ -47,6 +47,64 @@ fn failed(path: &Path, e: impl std::fmt::Display) -> CliError {
     CliError::run(format!("{}: cannot draw the plot: {e}", path.display()))
 }
 
+/// A memory timeline's chart: `x_desc` from 0 to `x_max`, GiB from 0 to a little above `top`.
+pub type TimelineChart<'a, 'b> = ChartContext<
+    'a,
+    SVGBackend<'b>,
+    Cartesian2d<plotters::coord::types::RangedCoordusize, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// Sets up a memory timeline on `root` (1100 × 520): caption, axes, mesh.
+pub fn timeline_chart<'a, 'b>(
+    root: &'a DrawingArea<SVGBackend<'b>, plotters::coord::Shift>,
+    path: &Path,
+    title: &str,
+    x_desc: &str,
+    x_max: usize,
+    top: f64,
+) -> Result<TimelineChart<'a, 'b>, CliError> {
+    root.fill(&WHITE).map_err(|e| failed(path, e))?;
+    let mut chart = ChartBuilder::on(root)
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0..x_max.max(1), 0.0..(top * 1.08).max(1e-6))
+        .map_err(|e| failed(path, e))?;
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc("GiB")
+        .y_label_formatter(&|y| format!("{y:.2}"))
+        .light_line_style(WHITE.mix(0.0))
+        .draw()
+        .map_err(|e| failed(path, e))?;
+    Ok(chart)
+}
+
+/// Writes each group's name under it (`at`: the group's centre on the x axis, in pixels), on
+/// two staggered rows so that long names do not collide.
+pub fn group_names(
+    root: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    path: &Path,
+    names: &[String],
+    at: impl Fn(usize) -> (i32, i32),
+) -> Result<(), CliError> {
+    for (t, name) in names.iter().enumerate() {
+        let (x, y) = at(t);
+        let row = if t % 2 == 0 { 8 } else { 26 };
+        let style = TextStyle::from(("sans-serif", 13).into_font()).pos(
+            plotters::style::text_anchor::Pos::new(
+                plotters::style::text_anchor::HPos::Center,
+                plotters::style::text_anchor::VPos::Top,
+            ),
+        );
+        root.draw(&Text::new(name.clone(), (x, y + row), style))
+            .map_err(|e| failed(path, e))?;
+    }
+    Ok(())
+}
+
 /// Draws requested, allocated and reserved bytes against operation index.
 pub fn timeline(path: &Path, timeline: &[Sample], title: &str) -> Result<(), CliError> {
     let points = downsample(timeline, MAX_POINTS);
@@ -56,24 +114,8 @@ pub fn timeline(path: &Path, timeline: &[Sample], title: &str) -> Result<(), Cli
         .max()
         .unwrap_or(0) as f64
         / GIB;
-    let x_max = timeline.len().max(1);
     let root = SVGBackend::new(path, (1100, 520)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| failed(path, e))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 20))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0..x_max, 0.0..(top * 1.08).max(1e-6))
-        .map_err(|e| failed(path, e))?;
-    chart
-        .configure_mesh()
-        .x_desc("operation")
-        .y_desc("GiB")
-        .y_label_formatter(&|y| format!("{y:.2}"))
-        .light_line_style(WHITE.mix(0.0))
-        .draw()
-        .map_err(|e| failed(path, e))?;
+    let mut chart = timeline_chart(&root, path, title, "operation", timeline.len(), top)?;
     type Series = (&'static str, RGBColor, fn(&Sample) -> u64);
     let series: [Series; 3] = [
         ("reserved", RGBColor(214, 39, 40), |s| s.reserved),
@@ -106,6 +148,7 @@ pub fn timeline(path: &Path, timeline: &[Sample], title: &str) -> Result<(), Cli
 /// fragmentation (`values[trace][config]`), from 1.0 (the physical limit) up.
 pub fn fragmentation_bars(
     path: &Path,
+    title: &str,
     names: &[String],
     labels: &[String],
     values: &[Vec<f64>],
@@ -122,10 +165,7 @@ pub fn fragmentation_bars(
     let root = SVGBackend::new(path, (width, 560)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| failed(path, e))?;
     let mut chart = ChartBuilder::on(&root)
-        .caption(
-            "fragmentation: peak reserved / peak requested",
-            ("sans-serif", 20),
-        )
+        .caption(title, ("sans-serif", 20))
         .margin(12)
         .x_label_area_size(50)
         .y_label_area_size(60)
@@ -162,19 +202,9 @@ pub fn fragmentation_bars(
         .border_style(BLACK)
         .draw()
         .map_err(|e| failed(path, e))?;
-    // Trace names under their groups, on two staggered rows so long names do not collide.
-    for (t, name) in names.iter().enumerate() {
-        let (x, y) = chart.backend_coord(&(t as f64 + 0.5, 1.0));
-        let row = if t % 2 == 0 { 8 } else { 26 };
-        let style = TextStyle::from(("sans-serif", 13).into_font()).pos(
-            plotters::style::text_anchor::Pos::new(
-                plotters::style::text_anchor::HPos::Center,
-                plotters::style::text_anchor::VPos::Top,
-            ),
-        );
-        root.draw(&Text::new(name.clone(), (x, y + row), style))
-            .map_err(|e| failed(path, e))?;
-    }
+    group_names(&root, path, names, |t| {
+        chart.backend_coord(&(t as f64 + 0.5, 1.0))
+    })?;
     root.present().map_err(|e| failed(path, e))
 }
 
