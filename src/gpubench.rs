@@ -1,5 +1,5 @@
 //! The side-by-side GPU benchmark's results (`docs/GPU_BENCH.md`): reading the per-run files
-//! (`cachalot gpu-bench v1`) that `allocator/examples/gpu_compare.rs` and
+//! (`cachalot gpu-bench v1`) that `benches/gpu_compare.rs` and
 //! `scripts/pytorch_bench.py` write, and turning them into one results file, a CSV, Markdown
 //! tables and the targets, each met or missed by a stated margin.
 //!

@@ -1,4 +1,4 @@
-//! `allocator/examples/gpu_compare.rs` (the Rust side of the GPU benchmark, docs/GPU_BENCH.md)
+//! `benches/gpu_compare.rs` (the Rust side of the GPU benchmark, docs/GPU_BENCH.md)
 //! on the simulated device agrees with `cachalot replay` and `cachalot compare` on the programs
 //! `cachalot replay --ops-out` writes: the same policy running the same program through the
 //! thread-safe front end holds exactly what the replay's policy core holds — PyTorch's
@@ -6,7 +6,7 @@
 //! the same peak requested bytes, allocations and driver calls. With thread caches on (what the
 //! benchmark runs for `cachalot`) the figures may differ; the test prints both.
 
-#[path = "../allocator/examples/gpu_compare.rs"]
+#[path = "../benches/gpu_compare.rs"]
 #[allow(dead_code)]
 mod gpu_compare;
 

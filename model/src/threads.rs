@@ -59,8 +59,7 @@ impl Model {
         }
         // Rule 17a: parked blocks before new memory — when the cache cannot serve the request,
         // every parked block is freed first.
-        if self.threads.iter().any(|t| !t.parked.is_empty()) && !self.has_cached_block(size, stream)
-        {
+        if self.thread_cached_blocks() > 0 && !self.has_cached_block(size, stream) {
             self.flush_all_threads();
         }
         let mut result = self.malloc(size, stream);

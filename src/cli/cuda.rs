@@ -17,11 +17,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use cachalot::cuda::cudarc::driver::{CudaContext, CudaStream};
+use cachalot::cuda::cudarc::driver::CudaContext;
 use cachalot::cuda::{CudaBackend, device_count, stream_id};
-use cachalot::{Backend, BackendError, CachingCore, EventId, MemInfo, StreamId};
+use cachalot::{Backend, CachingCore};
 use cachalot_tools::replay::{
-    ReplayConfig, ReplayOutcome, is_side_stream, replay_on_with_progress,
+    HeldBackDevice, ReplayConfig, ReplayOutcome, replay_on_with_progress,
 };
 use cachalot_tools::snapshot::{ReplayOp, ReplayProgram};
 
@@ -52,7 +52,7 @@ pub fn replay(
     let cuda = |what: &str, e: &dyn std::fmt::Display| CliError::run(format!("{what}: {e}"));
     let ctx = CudaContext::new(ordinal).map_err(|e| cuda("creating the CUDA context", &e))?;
     let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
-    let mut device = GpuReplayDevice::new(ctx, program)?;
+    let mut device = gpu_replay_device(ctx, program)?;
     let total_memory = device
         .mem_info()
         .map_err(|e| cuda("cuMemGetInfo", &e))?
@@ -64,142 +64,43 @@ pub fn replay(
         core,
         program,
         config,
-        |d: &mut GpuReplayDevice, s| d.complete(s),
+        |d: &mut HeldBackDevice<CudaBackend>, s| d.complete(s),
         progress,
     )
     .map_err(|e| CliError::run(format!("the GPU replay failed: {e}")))?;
     Ok((outcome, GpuInfo { name, total_memory }))
 }
 
-/// The CUDA backend with the replayer's stream mapping and held-back events.
-struct GpuReplayDevice {
-    inner: CudaBackend,
-    /// The one real stream every side stream maps to.
-    side: Arc<CudaStream>,
-    /// Trace stream handle → the real stream standing for it.
-    streams: HashMap<u64, Arc<CudaStream>>,
-    /// Events recorded for side streams: event id → the side stream.
-    held: HashMap<u64, StreamId>,
-    /// Side streams with an outstanding event → whether the trace has completed their work.
-    outstanding: HashMap<StreamId, bool>,
-}
-
-impl GpuReplayDevice {
-    fn new(ctx: Arc<CudaContext>, program: &ReplayProgram) -> Result<GpuReplayDevice, CliError> {
-        let err = |e: &dyn std::fmt::Display| CliError::run(format!("creating a CUDA stream: {e}"));
-        let mut inner =
-            CudaBackend::new(Arc::clone(&ctx)).map_err(|e| CliError::run(format!("{e}")))?;
-        let side = ctx.new_stream().map_err(|e| err(&e))?;
-        inner.retain_stream(&side);
-        let mut streams = HashMap::new();
-        for op in &program.ops {
-            if let ReplayOp::Alloc { stream, .. } = *op
-                && !streams.contains_key(&stream)
-            {
-                let real = if stream == 0 {
-                    ctx.default_stream()
-                } else {
-                    ctx.new_stream().map_err(|e| err(&e))?
-                };
-                inner.retain_stream(&real);
-                streams.insert(stream, real);
-            }
-        }
-        Ok(GpuReplayDevice {
-            inner,
-            side,
-            streams,
-            held: HashMap::new(),
-            outstanding: HashMap::new(),
-        })
-    }
-
-    /// The trace has reached the `free_completed` of the held-back free on `side`.
-    /// (A side stream with no outstanding event is left alone, so a later event on it is
-    /// not taken as complete: the simulated device behaves the same.)
-    fn complete(&mut self, side: StreamId) {
-        if let Some(done) = self.outstanding.get_mut(&side) {
-            *done = true;
-        }
-    }
-
-    fn real_stream(&self, stream: StreamId) -> StreamId {
-        if is_side_stream(stream) {
-            return stream_id(&self.side);
-        }
-        // A handle not seen among the trace's allocations: the backend waits for the whole
-        // device instead of recording on it, which is safe.
-        self.streams.get(&stream.0).map_or(stream, |s| stream_id(s))
-    }
-}
-
-impl Backend for GpuReplayDevice {
-    fn allocate(&mut self, size: u64) -> Result<u64, BackendError> {
-        self.inner.allocate(size)
-    }
-
-    fn free(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
-        self.inner.free(address, size)
-    }
-
-    fn mem_info(&mut self) -> Result<MemInfo, BackendError> {
-        self.inner.mem_info()
-    }
-
-    fn record_event(&mut self, stream: StreamId) -> Result<EventId, BackendError> {
-        let event = self.inner.record_event(self.real_stream(stream))?;
-        if is_side_stream(stream) {
-            self.held.insert(event.0, stream);
-            self.outstanding.insert(stream, false);
-        }
-        Ok(event)
-    }
-
-    fn query_event(&mut self, event: EventId) -> Result<bool, BackendError> {
-        if let Some(side) = self.held.get(&event.0)
-            && self.outstanding.get(side) == Some(&false)
+/// The CUDA backend with the replayer's stream mapping and held-back events: one real side
+/// stream for every side stream, and per distinct trace stream handle a real stream (handle 0
+/// the context's default stream), each retained by the backend, which keeps it alive.
+fn gpu_replay_device(
+    ctx: Arc<CudaContext>,
+    program: &ReplayProgram,
+) -> Result<HeldBackDevice<CudaBackend>, CliError> {
+    let err = |e: &dyn std::fmt::Display| CliError::run(format!("creating a CUDA stream: {e}"));
+    let mut inner =
+        CudaBackend::new(Arc::clone(&ctx)).map_err(|e| CliError::run(format!("{e}")))?;
+    let side = ctx.new_stream().map_err(|e| err(&e))?;
+    inner.retain_stream(&side);
+    let mut streams = HashMap::new();
+    for op in &program.ops {
+        if let ReplayOp::Alloc { stream, .. } = *op
+            && !streams.contains_key(&stream)
         {
-            return Ok(false);
+            let real = if stream == 0 {
+                ctx.default_stream()
+            } else {
+                ctx.new_stream().map_err(|e| err(&e))?
+            };
+            inner.retain_stream(&real);
+            streams.insert(stream, stream_id(&real));
         }
-        self.inner.query_event(event)
     }
-
-    fn synchronize_event(&mut self, event: EventId) -> Result<(), BackendError> {
-        self.inner.synchronize_event(event)?;
-        // Waiting for the event is the side stream reaching it, as on the simulated device.
-        if let Some(side) = self.held.get(&event.0) {
-            self.outstanding.insert(*side, true);
-        }
-        Ok(())
-    }
-
-    fn destroy_event(&mut self, event: EventId) {
-        if let Some(side) = self.held.remove(&event.0) {
-            self.outstanding.remove(&side);
-        }
-        self.inner.destroy_event(event);
-    }
-
-    // Expandable segments (rule 19): the CUDA backend's virtual memory, with the trace's
-    // stream handles turned into the replay's real streams for the synchronisation of unmap.
-    fn virtual_memory(&self) -> bool {
-        self.inner.virtual_memory()
-    }
-
-    fn reserve(&mut self, size: u64, page: u64) -> Result<u64, BackendError> {
-        self.inner.reserve(size, page)
-    }
-
-    fn release_reservation(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
-        self.inner.release_reservation(address, size)
-    }
-
-    fn map(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
-        self.inner.map(address, size)
-    }
-
-    fn unmap(&mut self, address: u64, size: u64, stream: StreamId) -> Result<(), BackendError> {
-        let real = self.real_stream(stream);
-        self.inner.unmap(address, size, real)
-    }
+    Ok(HeldBackDevice::new(
+        inner,
+        streams,
+        Some(stream_id(&side)),
+        |_, _| {},
+    ))
 }

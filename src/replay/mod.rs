@@ -15,9 +15,11 @@ use serde::Serialize;
 
 use crate::snapshot::ReplayProgram;
 
+mod held;
 mod interpret;
 mod step;
 
+pub use held::{DeviceCalls, HeldBackDevice};
 pub use step::Stepper;
 
 pub use interpret::{

@@ -1,6 +1,6 @@
 //! The allocators cachalot is compared with, for benchmarks: CUDA's stream-ordered memory pool
 //! ([`StreamOrderedPool`], `cuMemAllocFromPoolAsync` / `cuMemFreeAsync`) and plain
-//! `cuMemAlloc` / `cuMemFree` ([`DriverMalloc`]), as `allocator/examples/gpu_compare.rs` runs
+//! `cuMemAlloc` / `cuMemFree` ([`DriverMalloc`]), as `benches/gpu_compare.rs` runs
 //! them next to cachalot (docs/GPU_BENCH.md).
 //!
 //! The one rule: these are the driver's allocators as they are, with no policy of cachalot's

@@ -1,11 +1,10 @@
-//! `examples/gpu_compare.rs` without a GPU (`--backend sim`, what CI runs): on a committed
-//! program (`tests/data/two_stream.ops`, written by `cachalot replay --pytorch --ops-out`, with
+//! `benches/gpu_compare.rs` without a GPU (`--backend sim`, what CI runs): on a committed
+//! program (`tests/fixtures/ops/two_stream.ops`, written by `cachalot replay --pytorch --ops-out`, with
 //! held-back frees) it writes one valid `cachalot gpu-bench v1` object per allocator and hot
 //! loop, whose figures agree with the program itself; bad command lines and malformed ops files
 //! are refused with a clear message naming the file and line, never a panic.
-#![cfg(not(loom))]
 
-#[path = "../examples/gpu_compare.rs"]
+#[path = "../benches/gpu_compare.rs"]
 #[allow(dead_code)]
 mod gpu_compare;
 
@@ -13,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use gpu_compare::{Failure, HotRun, TraceRun, downsample, parse_options, parse_program, run};
 
-const TWO_STREAM: &str = include_str!("data/two_stream.ops");
+const TWO_STREAM: &str = include_str!("fixtures/ops/two_stream.ops");
 
 fn scratch(test: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!(

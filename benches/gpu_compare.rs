@@ -9,20 +9,19 @@
 //!             [--only ALLOC,...] [--hot-pairs N] [--no-hot] [--no-traces] OPS...
 //! ```
 //!
-//! On a GPU machine: `cargo run --release -p cachalot --example gpu_compare -- --out bench
+//! On a GPU machine: `cargo run --release --example gpu_compare -- --out bench
 //! /tmp/bert_infer.ops`. `--backend sim` runs cachalot's three allocators on the simulated
 //! device instead (no GPU needed; the pool and `cuMemAlloc` are skipped), which is what CI runs.
 //!
 //! The one rule: one interpreter ([`State::step`]) runs every allocator, through the small
 //! [`Target`] trait, with the semantics of docs/GPU_BENCH.md's table; the allocators differ only
-//! behind it. cachalot's allocators are the thread-safe front end (`Allocator<B>`) over a backend
-//! of this program's own ([`BenchDevice`]) that, as `cachalot replay --backend cuda` does, maps
-//! the trace's streams to real streams and reports a held-back free's event complete only once
-//! the trace has reached its `c` line.
+//! behind it. cachalot's allocators are the thread-safe front end (`Allocator<B>`) over the
+//! device `cachalot replay --backend cuda` replays on (`cachalot_tools::replay::HeldBackDevice`):
+//! the trace's streams mapped to real streams, a held-back free's event complete only once the
+//! trace has reached its `c` line.
 //!
-//! This file is also compiled into tests (`allocator/tests/gpu_compare_sim.rs`,
-//! `tests/bench_agreement.rs`) through `#[path]`: it names cudarc through
-//! `cachalot::cuda::cudarc` and uses only crates every including package has.
+//! This file is also compiled into tests (`tests/bench_compare_sim.rs`,
+//! `tests/bench_agreement.rs`) through `#[path]`.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -34,10 +33,8 @@ use cachalot::cuda::baselines::{
 };
 use cachalot::cuda::cudarc::driver::{CudaContext, CudaStream};
 use cachalot::cuda::{CudaAllocator, CudaBackend, device_count, stream_id};
-use cachalot::{
-    Allocator, Backend, BackendError, CachingCore, Error, EventId, MemInfo, Settings, SimDevice,
-    StreamId,
-};
+use cachalot::{Allocator, Backend, CachingCore, Error, Settings, SimDevice, StreamId};
+use cachalot_tools::replay::{HeldBackDevice, side_stream};
 use serde::Serialize;
 
 /// The result files' schema.
@@ -50,8 +47,6 @@ const HOT_SIZE: usize = 1 << 20;
 const HOT_THREADS: [usize; 4] = [1, 2, 4, 8];
 /// The timeline's most points.
 const TIMELINE_POINTS: usize = 1000;
-/// The replayer's side streams, above any trace stream handle (as in `cachalot replay`).
-const SIDE_STREAM_BASE: u64 = 1 << 63;
 
 /// The allocators, in the order they run.
 const ALLOCATORS: [&str; 5] = [
@@ -549,172 +544,9 @@ pub trait Target {
     fn driver_calls(&mut self) -> Option<(u64, String)>;
 }
 
-fn side_stream(side: u64) -> StreamId {
-    StreamId(SIDE_STREAM_BASE | side)
-}
-
-fn is_side_stream(stream: StreamId) -> bool {
-    stream.0 & SIDE_STREAM_BASE != 0
-}
-
-/// Successful device calls, as this program's backend sees them.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Calls {
-    /// `allocate` (cuMemAlloc).
-    pub allocs: u64,
-    /// `free` (cuMemFree).
-    pub frees: u64,
-    /// `map` steps (expandable segments).
-    pub maps: u64,
-    /// `unmap` steps.
-    pub unmaps: u64,
-}
-
-/// The device under cachalot's allocators: `B` (the CUDA backend, or the simulated device) with
-/// the trace's streams mapped to real ones and held-back frees completed by the trace, as
-/// `cachalot replay --backend cuda` does (`src/cli/cuda.rs`).
-pub struct BenchDevice<B> {
-    inner: B,
-    /// Trace stream handle → the backend's stream (empty on the simulated device: the
-    /// handles themselves).
-    streams: HashMap<u64, StreamId>,
-    /// The one real stream every side stream maps to (`None`: side streams are themselves).
-    side: Option<StreamId>,
-    /// What a side stream's completion tells `inner` (the simulated device completes the
-    /// stream; a GPU needs nothing).
-    on_complete: fn(&mut B, StreamId),
-    /// Events recorded for side streams: event → the side stream.
-    held: HashMap<u64, StreamId>,
-    /// Side streams with an outstanding event → whether the trace has completed their work.
-    outstanding: HashMap<StreamId, bool>,
-    /// Keeps the real streams alive.
-    _real: Vec<Arc<CudaStream>>,
-    calls: Calls,
-}
-
-impl<B: Backend> BenchDevice<B> {
-    /// `inner` with streams mapped by `streams` and every side stream on `side`.
-    pub fn new(
-        inner: B,
-        streams: HashMap<u64, StreamId>,
-        side: Option<StreamId>,
-        on_complete: fn(&mut B, StreamId),
-        real: Vec<Arc<CudaStream>>,
-    ) -> BenchDevice<B> {
-        BenchDevice {
-            inner,
-            streams,
-            side,
-            on_complete,
-            held: HashMap::new(),
-            outstanding: HashMap::new(),
-            _real: real,
-            calls: Calls::default(),
-        }
-    }
-
-    /// The trace has reached `c` of side stream `side` (a side stream with no outstanding
-    /// event is left alone, as on the simulated device).
-    pub fn complete(&mut self, side: StreamId) {
-        if let Some(done) = self.outstanding.get_mut(&side) {
-            *done = true;
-        }
-        let real = self.real_stream(side);
-        (self.on_complete)(&mut self.inner, real);
-    }
-
-    /// The device calls so far.
-    pub fn calls(&self) -> Calls {
-        self.calls
-    }
-
-    fn real_stream(&self, stream: StreamId) -> StreamId {
-        if is_side_stream(stream) {
-            return self.side.unwrap_or(stream);
-        }
-        self.streams.get(&stream.0).copied().unwrap_or(stream)
-    }
-}
-
-impl<B: Backend> Backend for BenchDevice<B> {
-    fn allocate(&mut self, size: u64) -> Result<u64, BackendError> {
-        let r = self.inner.allocate(size);
-        self.calls.allocs += u64::from(r.is_ok());
-        r
-    }
-
-    fn free(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
-        let r = self.inner.free(address, size);
-        self.calls.frees += u64::from(r.is_ok());
-        r
-    }
-
-    fn mem_info(&mut self) -> Result<MemInfo, BackendError> {
-        self.inner.mem_info()
-    }
-
-    fn record_event(&mut self, stream: StreamId) -> Result<EventId, BackendError> {
-        let event = self.inner.record_event(self.real_stream(stream))?;
-        if is_side_stream(stream) {
-            self.held.insert(event.0, stream);
-            self.outstanding.insert(stream, false);
-        }
-        Ok(event)
-    }
-
-    fn query_event(&mut self, event: EventId) -> Result<bool, BackendError> {
-        if let Some(side) = self.held.get(&event.0)
-            && self.outstanding.get(side) == Some(&false)
-        {
-            return Ok(false);
-        }
-        self.inner.query_event(event)
-    }
-
-    fn synchronize_event(&mut self, event: EventId) -> Result<(), BackendError> {
-        self.inner.synchronize_event(event)?;
-        // Waiting for the event is the side stream reaching it.
-        if let Some(side) = self.held.get(&event.0) {
-            self.outstanding.insert(*side, true);
-        }
-        Ok(())
-    }
-
-    fn destroy_event(&mut self, event: EventId) {
-        if let Some(side) = self.held.remove(&event.0) {
-            self.outstanding.remove(&side);
-        }
-        self.inner.destroy_event(event);
-    }
-
-    fn virtual_memory(&self) -> bool {
-        self.inner.virtual_memory()
-    }
-
-    fn reserve(&mut self, size: u64, page: u64) -> Result<u64, BackendError> {
-        self.inner.reserve(size, page)
-    }
-
-    fn release_reservation(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
-        self.inner.release_reservation(address, size)
-    }
-
-    fn map(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
-        let r = self.inner.map(address, size);
-        self.calls.maps += u64::from(r.is_ok());
-        r
-    }
-
-    fn unmap(&mut self, address: u64, size: u64, stream: StreamId) -> Result<(), BackendError> {
-        let r = self.inner.unmap(address, size, self.real_stream(stream));
-        self.calls.unmaps += u64::from(r.is_ok());
-        r
-    }
-}
-
-/// One of cachalot's allocators: the front end over a [`BenchDevice`].
+/// One of cachalot's allocators: the front end over a [`HeldBackDevice`].
 pub struct CachalotTarget<B: Backend> {
-    alloc: Allocator<BenchDevice<B>>,
+    alloc: Allocator<HeldBackDevice<B>>,
     /// Stream index → the trace's stream handle, as the allocator names streams.
     streams: Vec<StreamId>,
 }
@@ -722,7 +554,7 @@ pub struct CachalotTarget<B: Backend> {
 impl<B: Backend> CachalotTarget<B> {
     /// The allocator with `settings` over `device`, for `program`'s streams.
     pub fn new(
-        device: BenchDevice<B>,
+        device: HeldBackDevice<B>,
         settings: Settings,
         program: &Program,
     ) -> Result<Self, Failure> {
@@ -767,12 +599,13 @@ impl<B: Backend> Target for CachalotTarget<B> {
             return Ok(());
         }
         self.alloc
-            .record_stream(*block, side_stream(side))
+            .record_stream(*block, side_stream(side as usize))
             .map_err(|e| fail(&format!("record_stream({block:#x})"), e))
     }
 
     fn complete(&mut self, side: u64) -> Result<(), Failure> {
-        self.alloc.with_backend(|d| d.complete(side_stream(side)));
+        self.alloc
+            .with_backend(|d| d.complete(side_stream(side as usize)));
         Ok(())
     }
 
@@ -1501,9 +1334,8 @@ fn cuda_cachalot(
     if settings == Settings::cachalot() && !inner.virtual_memory() {
         settings.expandable_segments = false;
     }
-    let mut keep = real;
-    keep.push(Arc::clone(&side));
-    let device = BenchDevice::new(inner, map, Some(stream_id(&side)), |_, _| {}, keep);
+    // The backend keeps the streams it retained alive.
+    let device = HeldBackDevice::new(inner, map, Some(stream_id(&side)), |_, _| {});
     CachalotTarget::new(device, settings, program)
 }
 
@@ -1512,12 +1344,11 @@ pub fn sim_cachalot(
     settings: Settings,
     program: &Program,
 ) -> Result<CachalotTarget<SimDevice>, Failure> {
-    let device = BenchDevice::new(
+    let device = HeldBackDevice::new(
         SimDevice::new(SIM_CAPACITY),
         HashMap::new(),
         None,
         SimDevice::complete_stream,
-        Vec::new(),
     );
     CachalotTarget::new(device, settings, program)
 }

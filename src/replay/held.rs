@@ -1,0 +1,170 @@
+//! A device for replaying a program on another backend (a GPU, or the simulated device behind
+//! the thread-safe front end): the program's stream handles mapped to the backend's streams,
+//! and held-back frees completed when the program says so.
+//!
+//! The one rule: an event recorded on one of the replayer's side streams (a cross-stream free
+//! held back, [`side_stream`](super::side_stream)) is reported complete only once the backend
+//! has completed it *and* the program has reached its completion ([`HeldBackDevice::complete`]),
+//! or the allocator waited for it — which is when the simulated replay completes it too. So a
+//! replay on a real GPU holds blocks back exactly as long as PyTorch did.
+//! `cachalot replay --backend cuda` and the side-by-side benchmark (`benches/gpu_compare.rs`)
+//! both replay through it.
+
+use std::collections::HashMap;
+
+use cachalot::{Backend, BackendError, EventId, MemInfo, StreamId};
+
+use super::is_side_stream;
+
+/// Successful device calls through a [`HeldBackDevice`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceCalls {
+    /// `allocate` (a segment).
+    pub allocs: u64,
+    /// `free` (a segment).
+    pub frees: u64,
+    /// `map` steps (expandable segments).
+    pub maps: u64,
+    /// `unmap` steps.
+    pub unmaps: u64,
+}
+
+/// `B` with the program's streams mapped to `B`'s and held-back frees completed by the program.
+pub struct HeldBackDevice<B> {
+    inner: B,
+    /// Program stream handle → the backend's stream (a handle not in it stays itself).
+    streams: HashMap<u64, StreamId>,
+    /// The one backend stream every side stream maps to (`None`: side streams stay themselves).
+    side: Option<StreamId>,
+    /// What a side stream's completion tells `inner` (the simulated device completes the
+    /// stream; a GPU needs nothing).
+    on_complete: fn(&mut B, StreamId),
+    /// Events recorded for side streams: event → the side stream.
+    held: HashMap<u64, StreamId>,
+    /// Side streams with an outstanding event → whether the program has completed their work.
+    outstanding: HashMap<StreamId, bool>,
+    calls: DeviceCalls,
+}
+
+impl<B: Backend> HeldBackDevice<B> {
+    /// `inner` with program streams mapped by `streams` and every side stream on `side`.
+    pub fn new(
+        inner: B,
+        streams: HashMap<u64, StreamId>,
+        side: Option<StreamId>,
+        on_complete: fn(&mut B, StreamId),
+    ) -> HeldBackDevice<B> {
+        HeldBackDevice {
+            inner,
+            streams,
+            side,
+            on_complete,
+            held: HashMap::new(),
+            outstanding: HashMap::new(),
+            calls: DeviceCalls::default(),
+        }
+    }
+
+    /// The program has reached the completion of side stream `side`'s work (a side stream with
+    /// no outstanding event is left alone, so a later event on it is not taken as complete:
+    /// the simulated device behaves the same).
+    pub fn complete(&mut self, side: StreamId) {
+        if let Some(done) = self.outstanding.get_mut(&side) {
+            *done = true;
+        }
+        let real = self.real_stream(side);
+        (self.on_complete)(&mut self.inner, real);
+    }
+
+    /// The successful device calls so far.
+    pub fn calls(&self) -> DeviceCalls {
+        self.calls
+    }
+
+    fn real_stream(&self, stream: StreamId) -> StreamId {
+        if is_side_stream(stream) {
+            return self.side.unwrap_or(stream);
+        }
+        // A handle not among the program's: the backend waits for the whole device instead of
+        // recording on it, which is safe.
+        self.streams.get(&stream.0).copied().unwrap_or(stream)
+    }
+}
+
+impl<B: Backend> Backend for HeldBackDevice<B> {
+    fn allocate(&mut self, size: u64) -> Result<u64, BackendError> {
+        let r = self.inner.allocate(size);
+        self.calls.allocs += u64::from(r.is_ok());
+        r
+    }
+
+    fn free(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
+        let r = self.inner.free(address, size);
+        self.calls.frees += u64::from(r.is_ok());
+        r
+    }
+
+    fn mem_info(&mut self) -> Result<MemInfo, BackendError> {
+        self.inner.mem_info()
+    }
+
+    fn record_event(&mut self, stream: StreamId) -> Result<EventId, BackendError> {
+        let event = self.inner.record_event(self.real_stream(stream))?;
+        if is_side_stream(stream) {
+            self.held.insert(event.0, stream);
+            self.outstanding.insert(stream, false);
+        }
+        Ok(event)
+    }
+
+    fn query_event(&mut self, event: EventId) -> Result<bool, BackendError> {
+        if let Some(side) = self.held.get(&event.0)
+            && self.outstanding.get(side) == Some(&false)
+        {
+            return Ok(false);
+        }
+        self.inner.query_event(event)
+    }
+
+    fn synchronize_event(&mut self, event: EventId) -> Result<(), BackendError> {
+        self.inner.synchronize_event(event)?;
+        // Waiting for the event is the side stream reaching it, as on the simulated device.
+        if let Some(side) = self.held.get(&event.0) {
+            self.outstanding.insert(*side, true);
+        }
+        Ok(())
+    }
+
+    fn destroy_event(&mut self, event: EventId) {
+        if let Some(side) = self.held.remove(&event.0) {
+            self.outstanding.remove(&side);
+        }
+        self.inner.destroy_event(event);
+    }
+
+    // Expandable segments (rule 19): `B`'s virtual memory, with the program's stream handles
+    // turned into `B`'s streams for the synchronisation of unmap.
+    fn virtual_memory(&self) -> bool {
+        self.inner.virtual_memory()
+    }
+
+    fn reserve(&mut self, size: u64, page: u64) -> Result<u64, BackendError> {
+        self.inner.reserve(size, page)
+    }
+
+    fn release_reservation(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
+        self.inner.release_reservation(address, size)
+    }
+
+    fn map(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
+        let r = self.inner.map(address, size);
+        self.calls.maps += u64::from(r.is_ok());
+        r
+    }
+
+    fn unmap(&mut self, address: u64, size: u64, stream: StreamId) -> Result<(), BackendError> {
+        let r = self.inner.unmap(address, size, self.real_stream(stream));
+        self.calls.unmaps += u64::from(r.is_ok());
+        r
+    }
+}
