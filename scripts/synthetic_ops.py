@@ -23,6 +23,7 @@ The files are deterministic (fixed seeds, Python's `random`), written with the h
 Usage: python3 scripts/synthetic_ops.py OUTDIR
 """
 
+import math
 import os
 import random
 import sys
@@ -85,8 +86,6 @@ def many_sizes():
     rng = random.Random(0xCAC4A107)
     p = Program("synthetic_many_sizes")
     lo, hi = 512, 256 * MIB
-    import math
-
     for _ in range(12000):
         if p.live and (len(p.live) >= 256 or rng.random() < 0.45):
             p.free(rng.choice(list(p.live)))

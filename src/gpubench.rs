@@ -362,7 +362,7 @@ impl Results {
     pub fn trace_names(&self) -> Vec<String> {
         let mut names: Vec<String> = Vec::new();
         for r in &self.traces {
-            if names.last() != Some(&r.trace) && !names.contains(&r.trace) {
+            if !names.contains(&r.trace) {
                 names.push(r.trace.clone());
             }
         }
