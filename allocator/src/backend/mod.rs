@@ -4,6 +4,8 @@
 //! ids and device memory as addresses; a [`Backend`] turns those into driver calls (the CUDA
 //! backend) or into bookkeeping (the [`sim`] device).
 
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda;
 pub mod sim;
 
 /// A stream, as the backend identifies it (for CUDA, the `CUstream` handle's value).

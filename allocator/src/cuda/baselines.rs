@@ -32,7 +32,7 @@ use std::ffi::c_void;
 use cudarc::driver::sys::{self, CUresult};
 use cudarc::driver::{CudaContext, CudaStream, DriverError, result};
 
-use super::backend::device_location;
+use crate::backend::cuda::vmm::device_location;
 use crate::sync::real::{Arc, AtomicU64, Ordering};
 
 /// What the baselines' calls fail with.

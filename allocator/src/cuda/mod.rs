@@ -53,13 +53,12 @@
 //! ```
 
 mod anchor;
-mod backend;
 pub mod baselines;
 mod buffer;
-mod error;
+pub(crate) mod error;
 mod launch;
 mod ordering;
-mod streams;
+pub(crate) mod streams;
 mod summary;
 mod view;
 
@@ -71,7 +70,7 @@ use rustc_hash::FxHashSet;
 pub use cudarc;
 use cudarc::driver::{CudaContext, CudaStream, DeviceRepr, ValidAsZeroBits};
 
-pub use backend::CudaBackend;
+pub use crate::backend::cuda::CudaBackend;
 pub use buffer::{DeviceBlock, DeviceBuffer, Plain};
 pub use error::CudaError;
 pub use launch::{KernelArg, Launch};
@@ -102,7 +101,7 @@ pub const ALLOC_CONF_ENV: &str = "CACHALOT_ALLOC_CONF";
 /// }
 /// ```
 pub fn device_count() -> Result<usize, CudaError> {
-    if !backend::driver_library_present() {
+    if !crate::backend::cuda::driver_library_present() {
         return Err(CudaError::NoDriver {
             reason: "the CUDA driver library (libcuda) could not be loaded".into(),
         });
