@@ -38,10 +38,16 @@
 //!   `CudaAllocator::dump_snapshot`), readable by `python -m torch.cuda._memory_viz` and
 //!   `cachalot replay`.
 //!
+//! - `baselines` (off; needs `cuda`): [`baselines`], CUDA's stream-ordered pool and plain
+//!   `cuMemAlloc` as safe owned-handle wrappers — the allocators cachalot is measured against
+//!   in the side-by-side benchmark. Not needed to use cachalot.
+//!
 //! cachalot never turns on cudarc's `nvrtc`; a program that compiles kernels asks its own
 //! cudarc for it. `docs/CUDA.md` has the dependency lines.
 
 pub mod backend;
+#[cfg(feature = "baselines")]
+pub mod baselines;
 mod block;
 #[cfg(feature = "cuda")]
 pub mod cuda;

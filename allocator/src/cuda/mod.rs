@@ -53,7 +53,6 @@
 //! ```
 
 mod anchor;
-pub mod baselines;
 mod buffer;
 pub(crate) mod error;
 mod launch;
