@@ -1,4 +1,6 @@
-//! Blocks: the slab that holds every block of every segment, linked to its neighbours.
+//! Blocks: the slab that holds every block of every segment, linked to its neighbours; the keys
+//! of the pools' free and unmapped sets; and the ranges of expandable segments the blocks of a
+//! range belong to.
 //!
 //! The one rule: a block id names one slot of the slab for the life of the block; a slot is
 //! reused only after the block is gone from every index (free set, live map, event queue).
@@ -12,6 +14,19 @@ pub(crate) type BlockId = u32;
 /// A key of a pool's free set, ordered `(stream, size, address)`: best fit is the first key at
 /// or after `(stream, size, 0)`.
 pub(crate) type FreeKey = (StreamId, u64, u64, BlockId);
+
+/// A key of a pool's unmapped set (rule 19): `(stream, address, block)`.
+pub(crate) type UnmappedKey = (StreamId, u64, BlockId);
+
+/// A range of address space for expandable segments (rule 19), which its blocks tile: the
+/// blocks name it by its first address ([`Block::range`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Range {
+    /// Its size in bytes (whole pages).
+    pub size: u64,
+    /// Its page: 2 MiB in the small pool, 20 MiB in the large pool.
+    pub page: u64,
+}
 
 /// What a block is doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use rustc_hash::FxHashMap;
 
 use crate::backend::{EventId, StreamId};
-use crate::block::{BlockId, BlockState, FreeKey, Slab};
+use crate::block::{BlockId, BlockState, FreeKey, Range, Slab, UnmappedKey};
 use crate::sizes::{MIN_BLOCK_SIZE, Pool, SMALL_BUFFER};
 use crate::stats::{StatArray, Stats};
 
@@ -214,8 +214,8 @@ pub enum InvariantViolation {
 pub(crate) struct CoreParts<'a> {
     pub blocks: &'a Slab,
     pub free: &'a [BTreeSet<FreeKey>; 2],
-    pub unmapped: &'a [BTreeSet<crate::policy::UnmappedKey>; 2],
-    pub ranges: &'a BTreeMap<u64, crate::policy::Range>,
+    pub unmapped: &'a [BTreeSet<UnmappedKey>; 2],
+    pub ranges: &'a BTreeMap<u64, Range>,
     pub live: &'a FxHashMap<u64, BlockId>,
     pub events: &'a BTreeMap<StreamId, VecDeque<(EventId, BlockId)>>,
     pub stats: &'a Stats,

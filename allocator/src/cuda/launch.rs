@@ -14,7 +14,8 @@
 
 use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchArgs, PushKernelArg, SyncOnDrop};
 
-use super::buffer::{DeviceBlock, DeviceBuffer};
+use super::block::DeviceBlock;
+use super::buffer::DeviceBuffer;
 use super::ordering::Access;
 use super::streams::stream_id;
 use super::view::{DeviceView, DeviceViewMut};

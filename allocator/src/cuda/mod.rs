@@ -53,6 +53,7 @@
 //! ```
 
 mod anchor;
+mod block;
 mod buffer;
 pub(crate) mod error;
 mod launch;
@@ -70,7 +71,8 @@ pub use cudarc;
 use cudarc::driver::{CudaContext, CudaStream, DeviceRepr, ValidAsZeroBits};
 
 pub use crate::backend::cuda::CudaBackend;
-pub use buffer::{DeviceBlock, DeviceBuffer, Plain};
+pub use block::DeviceBlock;
+pub use buffer::{DeviceBuffer, Plain};
 pub use error::CudaError;
 pub use launch::{KernelArg, Launch};
 pub use streams::stream_id;

@@ -7,12 +7,12 @@
 //! become unmapped blocks that merge with unmapped neighbours).
 
 use crate::backend::{Backend, BackendError, StreamId};
-use crate::block::{Block, BlockId, BlockState};
+use crate::block::{Block, BlockId, BlockState, Range};
 use crate::error::Error;
 use crate::history::TraceAction;
 use crate::sizes::{Pool, SMALL_BUFFER};
 
-use super::{CachingCore, Range};
+use super::CachingCore;
 
 /// The page of a range (rule 19): 2 MiB in the small pool, `large` (the setting
 /// `expandable_page_mb`; PyTorch's 20 MiB unless set) in the large pool.

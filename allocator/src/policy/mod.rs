@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use rustc_hash::FxHashMap;
 
 use crate::backend::{Backend, BackendError, EventId, StreamId};
-use crate::block::{Block, BlockId, BlockState, FreeKey, Slab};
+use crate::block::{Block, BlockId, BlockState, FreeKey, Range, Slab, UnmappedKey};
 use crate::error::{Error, OutOfMemory};
 use crate::history::{History, HistoryOptions, RecordedEvent, TraceAction, TraceEvent};
 use crate::invariants::{CoreParts, InvariantViolation};
@@ -26,18 +26,6 @@ mod release;
 mod tests;
 
 pub use adopt::{AdoptedBlock, AdoptedSegment, AdoptedState};
-
-/// A key of a pool's unmapped set (rule 19): `(stream, address, block)`.
-pub(crate) type UnmappedKey = (StreamId, u64, BlockId);
-
-/// A range of address space for expandable segments (rule 19).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Range {
-    /// Its size in bytes (whole pages).
-    pub size: u64,
-    /// Its page: 2 MiB in the small pool, 20 MiB in the large pool.
-    pub page: u64,
-}
 
 /// One block of a segment, as [`CachingCore::segments`] reports it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
