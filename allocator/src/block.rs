@@ -28,9 +28,11 @@ pub(crate) struct Range {
     pub page: u64,
 }
 
-/// What a block is doing.
+/// What a block is doing: allocated, pending or free ([`BlockInfo::state`](crate::BlockInfo::state)).
+/// In a PyTorch snapshot the same three are `snapshot::BlockStatus`'s `active_allocated`,
+/// `active_pending_free` and `inactive`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-pub enum BlockState {
+pub enum BlockPhase {
     /// In its pool's free set: reusable on its stream.
     Free,
     /// Handed out to the user.
@@ -49,7 +51,7 @@ pub(crate) struct Block {
     pub pool: Pool,
     pub prev: Option<BlockId>,
     pub next: Option<BlockId>,
-    pub state: BlockState,
+    pub state: BlockPhase,
     /// Outstanding events before a pending block returns to the pool.
     pub event_count: u32,
     /// Streams other than `stream` that used the block while it was allocated.
@@ -84,7 +86,7 @@ impl Block {
             pool,
             prev: None,
             next: None,
-            state: BlockState::Free,
+            state: BlockPhase::Free,
             event_count: 0,
             stream_uses: Vec::new(),
             gc_base,

@@ -82,6 +82,8 @@ pub use view::{DeviceView, DeviceViewMut};
 use crate::backend::MemInfo;
 use crate::error::Error;
 use crate::frontend::Allocator;
+use crate::history::HistoryOptions;
+use crate::invariants::InvariantViolation;
 use crate::policy::{CachingCore, SegmentInfo};
 use streams::StreamRegistry;
 
@@ -606,7 +608,7 @@ impl CudaAllocator {
     }
 
     /// Checks the policy core's invariants (see [`CachingCore::check_invariants`]).
-    pub fn check_invariants(&self) -> Result<(), crate::InvariantViolation> {
+    pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
         self.inner.check_invariants()
     }
 
@@ -634,12 +636,12 @@ impl CudaAllocator {
 
     /// [`CudaAllocator::record_history`] with every option: Rust backtraces captured with each
     /// entry and written as its `frames` ([`crate::HistoryOptions::with_backtraces`]).
-    pub fn record_history_with(&self, options: Option<crate::HistoryOptions>) {
+    pub fn record_history_with(&self, options: Option<HistoryOptions>) {
         self.inner.record_history_with(options)
     }
 
     /// How the history is being recorded, or `None` when it is not.
-    pub fn history_options(&self) -> Option<crate::HistoryOptions> {
+    pub fn history_options(&self) -> Option<HistoryOptions> {
         self.inner.history_options()
     }
 

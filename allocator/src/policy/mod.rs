@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use rustc_hash::FxHashMap;
 
 use crate::backend::{Backend, BackendError, EventId, StreamId};
-use crate::block::{Block, BlockId, BlockState, FreeKey, Range, Slab, UnmappedKey};
+use crate::block::{Block, BlockId, BlockPhase, FreeKey, Range, Slab, UnmappedKey};
 use crate::error::{Error, OutOfMemory};
 use crate::history::{History, HistoryOptions, RecordedEvent, TraceAction, TraceEvent};
 use crate::invariants::{CoreParts, InvariantViolation};
@@ -19,7 +19,7 @@ use crate::settings::Settings;
 use crate::sizes::{MAX_ALLOC_SIZE, MIN_BLOCK_SIZE, Pool, SMALL_SIZE, round_size, segment_size};
 use crate::stats::Stats;
 
-mod adopt;
+pub(crate) mod adopt;
 mod expandable;
 mod release;
 #[cfg(test)]
@@ -37,7 +37,7 @@ pub struct BlockInfo {
     /// The size the user asked for (0 for free blocks).
     pub requested: u64,
     /// Allocated, pending (waiting for other streams) or free.
-    pub state: BlockState,
+    pub state: BlockPhase,
 }
 
 /// One device segment and its blocks, as [`CachingCore::segments`] reports it.
@@ -532,7 +532,7 @@ impl<B: Backend> CachingCore<B> {
             self.stats.inactive_split.decrease(pool, 1);
         }
         let b = self.blocks.get_mut(id);
-        b.state = BlockState::Allocated;
+        b.state = BlockPhase::Allocated;
         b.requested = requested;
         let size = b.size;
         self.live.insert(address, id);
@@ -594,7 +594,7 @@ impl<B: Backend> CachingCore<B> {
             self.return_to_pool(id);
         } else {
             let b = self.blocks.get_mut(id);
-            b.state = BlockState::Pending;
+            b.state = BlockPhase::Pending;
             b.event_count = recorded.len() as u32;
             for (s, e) in recorded {
                 self.events.entry(s).or_default().push_back((e, id));
@@ -637,7 +637,7 @@ impl<B: Backend> CachingCore<B> {
         let (mut net_blocks, mut net_bytes) = self.absorb_neighbours(id, prev, next, true);
         let gc_base = self.searches[p];
         let b = self.blocks.get_mut(id);
-        b.state = BlockState::Free;
+        b.state = BlockPhase::Free;
         b.requested = 0;
         b.event_count = 0;
         b.stream_uses.clear();
@@ -675,7 +675,7 @@ impl<B: Backend> CachingCore<B> {
         let mut net_bytes: i64 = 0;
         let mergeable = |core: &Self, n: BlockId| {
             let b = core.blocks.get(n);
-            b.state == BlockState::Free && b.mapped == mapped
+            b.state == BlockPhase::Free && b.mapped == mapped
         };
         if let Some(pid) = prev.filter(|&n| mergeable(self, n)) {
             let src = self.blocks.remove(pid);
