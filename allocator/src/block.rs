@@ -28,9 +28,9 @@ pub(crate) struct Range {
     pub page: u64,
 }
 
-/// What a block is doing: allocated, pending or free ([`BlockInfo::state`](crate::BlockInfo::state)).
-/// In a PyTorch snapshot the same three are `snapshot::BlockStatus`'s `active_allocated`,
-/// `active_pending_free` and `inactive`.
+/// What a block is doing: allocated, pending or free
+/// ([`BlockInfo::state`](crate::BlockInfo::state)). In a PyTorch snapshot the same three are
+/// `snapshot::BlockStatus`'s `active_allocated`, `active_pending_free` and `inactive`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub enum BlockPhase {
     /// In its pool's free set: reusable on its stream.

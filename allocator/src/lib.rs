@@ -42,7 +42,8 @@
 //! - [`cuda`]: everything for the GPU — the allocator, buffers and views, kernel launches,
 //!   errors, the CUDA backend for driving a `CachingCore` by hand.
 //! - [`snapshot`]: PyTorch's memory-snapshot format.
-//! - [`baselines`] (off by default): the allocators cachalot is measured against.
+//! - `baselines` (feature `baselines`, off by default): the allocators cachalot is measured
+//!   against.
 //!
 //! # Features
 //!
@@ -62,9 +63,9 @@
 //!   `CudaAllocator::dump_snapshot`), readable by `python -m torch.cuda._memory_viz` and
 //!   `cachalot replay`.
 //! - `f16`: `half::f16` and `half::bf16` buffers.
-//! - `baselines` (off; needs `cuda`): [`baselines`], CUDA's stream-ordered pool and plain
-//!   `cuMemAlloc` as safe owned-handle wrappers — the allocators cachalot is measured against
-//!   in the side-by-side benchmark. Not needed to use cachalot.
+//! - `baselines` (off; needs `cuda`): `cachalot::baselines`, CUDA's stream-ordered pool and
+//!   plain `cuMemAlloc` as safe owned-handle wrappers — the allocators cachalot is measured
+//!   against in the side-by-side benchmark. Not needed to use cachalot.
 //!
 //! cachalot never turns on cudarc's `nvrtc`; a program that compiles kernels asks its own
 //! cudarc for it. `docs/CUDA.md` has the dependency lines.
