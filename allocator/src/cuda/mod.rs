@@ -590,7 +590,7 @@ impl CudaAllocator {
     /// # Ok::<(), cachalot::cuda::CudaError>(())
     /// ```
     pub fn memory_summary(&self) -> String {
-        memory_summary(&self.stats(), self.ordinal())
+        memory_summary(&self.stats(), &self.segments(), self.ordinal())
     }
 
     /// The segments and their blocks, by address.
