@@ -61,7 +61,7 @@ pub fn memory_summary(stats: &Stats, segments: &[SegmentInfo], device: usize) ->
         (&stats.reserved_bytes, "GPU reserved memory"),
         (&stats.inactive_split_bytes, "Non-releasable memory"),
     ];
-    let mut reserved_segments = stats.segment.clone();
+    let mut reserved_segments = stats.segment;
     for s in segments.iter().filter(|s| s.expandable) {
         reserved_segments.increase(s.pool, 1);
     }
