@@ -30,8 +30,21 @@ def strip_comments(text):
     return re.sub(r"//[^\n]*", "", text)
 
 
-def use_paths(text):
-    """Every path of every `use` item, braces expanded (`a::{b, c::d}` → `a::b`, `a::c::d`)."""
+def inline_modules(text):
+    """The inline modules of a file (`mod tests { ... }`): (name, start, end) spans of text."""
+    spans = []
+    for m in re.finditer(r"\bmod\s+(\w+)\s*\{", text):
+        depth, i = 1, m.end()
+        while depth and i < len(text):
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        spans.append((m.group(1), m.end(), i))
+    return spans
+
+
+def use_paths(text, positions=False):
+    """Every path of every `use` item, braces expanded (`a::{b, c::d}` → `a::b`, `a::c::d`);
+    with `positions`, each with the offset of its `use`."""
     out = []
 
     def walk(tree, prefix):
@@ -53,11 +66,13 @@ def use_paths(text):
             if brace >= 0:
                 walk(item[brace + 1 : item.rindex("}")], prefix + item[:brace])
             else:
-                out.append(prefix + re.sub(r"\s+as\s+\w+$", "", item))
+                out.append((at, prefix + re.sub(r"\s+as\s+\w+$", "", item)))
 
     for m in re.finditer(r"\buse\s+([^;]+);", text):
+        at = m.start()
         walk(re.sub(r"\s+", " ", m.group(1)), "")
-    return [re.sub(r"\s", "", p) for p in out]
+    found = [(at, re.sub(r"\s", "", p)) for at, p in out]
+    return found if positions else [p for _, p in found]
 
 
 def main():
@@ -88,7 +103,7 @@ def main():
             return True
         for used in use_paths(text):
             parts = used.split("::")
-            if parts[-1] == name or used.endswith("as" + name):
+            if parts[-1] == name:
                 first = parts[0]
                 inside = first in ("crate", "super", "self") or target + (first,) in modules
                 if not inside:
@@ -99,16 +114,20 @@ def main():
     via_reexport = []
     for module, path in files.items():
         text = strip_comments(open(path, encoding="utf-8").read())
-        paths = use_paths(text)
-        paths += re.findall(r"(?<![\w:])((?:crate|super|self)(?:::\w+)+)", text)
-        for p in paths:
+        paths = use_paths(text, positions=True)
+        inline = re.finditer(r"(?<![\w:])((?:crate|super|self)(?:::\w+)+)", text)
+        paths += [(m.start(), m.group(1)) for m in inline]
+        spans = inline_modules(text)
+        for at, p in paths:
             parts = [x for x in p.split("::") if x]
             if not parts:
                 continue
+            # Inside `mod tests { ... }`, `super` is the file's own module.
+            here = list(module) + [n for n, start, end in spans if start <= at < end]
             if parts[0] == "crate":
                 base, rest = [], parts[1:]
             elif parts[0] == "super":
-                base, rest = list(module), parts
+                base, rest = here, parts
                 while rest and rest[0] == "super":
                     base, rest = base[:-1], rest[1:]
             elif tree:

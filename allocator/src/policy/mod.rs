@@ -25,8 +25,6 @@ mod release;
 #[cfg(test)]
 mod tests;
 
-pub use adopt::{AdoptedBlock, AdoptedSegment, AdoptedState};
-
 /// One block of a segment, as [`CachingCore::segments`] reports it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct BlockInfo {
