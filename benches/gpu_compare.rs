@@ -28,9 +28,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
-use cachalot::cuda::baselines::{
-    BaselineError, DriverBlock, DriverMalloc, PoolBlock, StreamOrderedPool,
-};
+use cachalot::baselines::{BaselineError, DriverBlock, DriverMalloc, PoolBlock, StreamOrderedPool};
 use cachalot::cuda::cudarc::driver::{CudaContext, CudaStream};
 use cachalot::cuda::{CudaAllocator, CudaBackend, device_count, stream_id};
 use cachalot::{Allocator, Backend, CachingCore, Error, Settings, SimDevice, StreamId};

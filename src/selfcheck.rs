@@ -8,7 +8,7 @@
 //! or a rule it does not model — and its figures are not PyTorch's.
 
 use cachalot::sizes::Pool;
-use cachalot::{BlockState, SegmentInfo};
+use cachalot::{BlockPhase, SegmentInfo};
 use serde::Serialize;
 
 use crate::snapshot::{BlockStatus, SegmentType, Snapshot};
@@ -117,9 +117,9 @@ fn block_difference(d: &crate::snapshot::SegmentState, o: &SegmentInfo) -> Optio
             ));
         };
         let state = match ob.state {
-            BlockState::Free => BlockStatus::Inactive,
-            BlockState::Allocated => BlockStatus::ActiveAllocated,
-            BlockState::Pending => BlockStatus::ActivePendingFree,
+            BlockPhase::Free => BlockStatus::Inactive,
+            BlockPhase::Allocated => BlockStatus::ActiveAllocated,
+            BlockPhase::Pending => BlockStatus::ActivePendingFree,
         };
         let requested_differs =
             state == BlockStatus::ActiveAllocated && db.requested_size != ob.requested;

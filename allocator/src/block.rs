@@ -1,4 +1,6 @@
-//! Blocks: the slab that holds every block of every segment, linked to its neighbours.
+//! Blocks: the slab that holds every block of every segment, linked to its neighbours; the keys
+//! of the pools' free and unmapped sets; and the ranges of expandable segments the blocks of a
+//! range belong to.
 //!
 //! The one rule: a block id names one slot of the slab for the life of the block; a slot is
 //! reused only after the block is gone from every index (free set, live map, event queue).
@@ -13,9 +15,24 @@ pub(crate) type BlockId = u32;
 /// or after `(stream, size, 0)`.
 pub(crate) type FreeKey = (StreamId, u64, u64, BlockId);
 
-/// What a block is doing.
+/// A key of a pool's unmapped set (rule 19): `(stream, address, block)`.
+pub(crate) type UnmappedKey = (StreamId, u64, BlockId);
+
+/// A range of address space for expandable segments (rule 19), which its blocks tile: the
+/// blocks name it by its first address ([`Block::range`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Range {
+    /// Its size in bytes (whole pages).
+    pub size: u64,
+    /// Its page: 2 MiB in the small pool, 20 MiB in the large pool.
+    pub page: u64,
+}
+
+/// What a block is doing: allocated, pending or free
+/// ([`BlockInfo::state`](crate::BlockInfo::state)). In a PyTorch snapshot the same three are
+/// `snapshot::BlockStatus`'s `active_allocated`, `active_pending_free` and `inactive`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-pub enum BlockState {
+pub enum BlockPhase {
     /// In its pool's free set: reusable on its stream.
     Free,
     /// Handed out to the user.
@@ -34,7 +51,7 @@ pub(crate) struct Block {
     pub pool: Pool,
     pub prev: Option<BlockId>,
     pub next: Option<BlockId>,
-    pub state: BlockState,
+    pub state: BlockPhase,
     /// Outstanding events before a pending block returns to the pool.
     pub event_count: u32,
     /// Streams other than `stream` that used the block while it was allocated.
@@ -69,7 +86,7 @@ impl Block {
             pool,
             prev: None,
             next: None,
-            state: BlockState::Free,
+            state: BlockPhase::Free,
             event_count: 0,
             stream_uses: Vec::new(),
             gc_base,

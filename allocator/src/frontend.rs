@@ -16,7 +16,8 @@ use crate::backend::{Backend, StreamId};
 use crate::error::Error;
 use crate::history::HistoryOptions;
 use crate::invariants::InvariantViolation;
-use crate::policy::{AdoptedSegment, CachingCore, SegmentInfo};
+use crate::policy::adopt::AdoptedSegment;
+use crate::policy::{CachingCore, SegmentInfo};
 use crate::settings::Settings;
 use crate::sizes::MAX_ALLOC_SIZE;
 use crate::stats::Stats;
@@ -363,7 +364,7 @@ impl<B: Backend> Allocator<B> {
             .segments()
             .iter()
             .flat_map(|s| s.blocks.iter())
-            .filter(|b| b.state == crate::BlockState::Allocated)
+            .filter(|b| b.state == crate::block::BlockPhase::Allocated)
             .map(|b| b.address)
             .collect();
         let mut seen = 0usize;
@@ -483,7 +484,7 @@ impl<B: Backend> Allocator<B> {
                 g.core.device_index(),
             )
         };
-        crate::snapshot::live_snapshot(&segments, &recorded, &settings, device)
+        crate::snapshot::build::live_snapshot(&segments, &recorded, &settings, device)
     }
 
     /// Writes [`Allocator::snapshot`] to `path` in PyTorch's pickle format, as
@@ -492,7 +493,7 @@ impl<B: Backend> Allocator<B> {
     #[cfg(feature = "snapshot")]
     pub fn dump_snapshot(&self, path: impl AsRef<std::path::Path>) -> std::io::Result<()> {
         let snapshot = self.snapshot();
-        crate::snapshot::write_snapshot(&snapshot, std::fs::File::create(path)?)
+        crate::snapshot::write::write_snapshot(&snapshot, std::fs::File::create(path)?)
     }
 
     /// Rule 18: takes over a segment the device already holds, with its layout; see

@@ -56,7 +56,7 @@ pub struct TraceEvent {
 /// How the history is recorded (PyTorch's `_record_memory_history` arguments).
 ///
 /// ```
-/// use cachalot::history::HistoryOptions;
+/// use cachalot::HistoryOptions;
 ///
 /// let ring = HistoryOptions::new(100_000).with_backtraces(true);
 /// assert_eq!(ring.max_entries, 100_000);

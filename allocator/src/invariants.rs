@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use rustc_hash::FxHashMap;
 
 use crate::backend::{EventId, StreamId};
-use crate::block::{BlockId, BlockState, FreeKey, Slab};
+use crate::block::{BlockId, BlockPhase, FreeKey, Range, Slab, UnmappedKey};
 use crate::sizes::{MIN_BLOCK_SIZE, Pool, SMALL_BUFFER};
 use crate::stats::{StatArray, Stats};
 
@@ -214,8 +214,8 @@ pub enum InvariantViolation {
 pub(crate) struct CoreParts<'a> {
     pub blocks: &'a Slab,
     pub free: &'a [BTreeSet<FreeKey>; 2],
-    pub unmapped: &'a [BTreeSet<crate::policy::UnmappedKey>; 2],
-    pub ranges: &'a BTreeMap<u64, crate::policy::Range>,
+    pub unmapped: &'a [BTreeSet<UnmappedKey>; 2],
+    pub ranges: &'a BTreeMap<u64, Range>,
     pub live: &'a FxHashMap<u64, BlockId>,
     pub events: &'a BTreeMap<StreamId, VecDeque<(EventId, BlockId)>>,
     pub stats: &'a Stats,
@@ -323,7 +323,7 @@ pub(crate) fn check(parts: CoreParts<'_>) -> Result<(), InvariantViolation> {
                         what: "unmapped outside a range",
                     });
                 };
-                if b.state != BlockState::Free || in_free || in_live || !in_unmapped {
+                if b.state != BlockPhase::Free || in_free || in_live || !in_unmapped {
                     return Err(InvariantViolation::Range {
                         address: b.address,
                         what: "unmapped block in the wrong state or index",
@@ -357,7 +357,7 @@ pub(crate) fn check(parts: CoreParts<'_>) -> Result<(), InvariantViolation> {
             mapped_bytes += b.size;
             prev_unmapped = false;
             match b.state {
-                BlockState::Free => {
+                BlockPhase::Free => {
                     if !in_free || in_live {
                         return Err(InvariantViolation::FreeSetMembership { address: b.address });
                     }
@@ -369,7 +369,7 @@ pub(crate) fn check(parts: CoreParts<'_>) -> Result<(), InvariantViolation> {
                         t.inactive_split_bytes[p] += b.size as i64;
                     }
                 }
-                BlockState::Allocated => {
+                BlockPhase::Allocated => {
                     if in_free || !in_live {
                         return Err(InvariantViolation::AllocatedIndex { address: b.address });
                     }
@@ -379,7 +379,7 @@ pub(crate) fn check(parts: CoreParts<'_>) -> Result<(), InvariantViolation> {
                         t.oversize_allocations += 1;
                     }
                 }
-                BlockState::Pending => {
+                BlockPhase::Pending => {
                     if in_free || in_live {
                         return Err(InvariantViolation::PendingIndex { address: b.address });
                     }
@@ -393,12 +393,12 @@ pub(crate) fn check(parts: CoreParts<'_>) -> Result<(), InvariantViolation> {
                     }
                 }
             }
-            if b.state != BlockState::Free {
+            if b.state != BlockPhase::Free {
                 t.active[p] += 1;
                 t.active_bytes[p] += b.size as i64;
                 t.requested[p] += b.requested as i64;
             }
-            prev_free = b.state == BlockState::Free;
+            prev_free = b.state == BlockPhase::Free;
             end = b.address + b.size;
             prev = Some(id);
             cur = b.next;
@@ -441,7 +441,7 @@ pub(crate) fn check(parts: CoreParts<'_>) -> Result<(), InvariantViolation> {
     if parts.free[0].len() + parts.free[1].len()
         != blocks
             .iter()
-            .filter(|(_, b)| b.state == BlockState::Free && b.mapped)
+            .filter(|(_, b)| b.state == BlockPhase::Free && b.mapped)
             .count()
     {
         return Err(InvariantViolation::FreeSets);

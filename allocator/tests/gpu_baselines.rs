@@ -1,4 +1,4 @@
-//! GPU tests of the allocators cachalot is compared with (`cachalot::cuda::baselines`): the
+//! GPU tests of the allocators cachalot is compared with (`cachalot::baselines`): the
 //! stream-ordered pool reuses what was freed on the same stream and gives it back on a trim;
 //! `cuMemAlloc` memory shows in the device's used memory until it is freed, and a request
 //! beyond the device is refused as out of memory, with the allocator still usable.
@@ -6,7 +6,7 @@
 
 mod gpu_common;
 
-use cachalot::cuda::baselines::{DriverMalloc, StreamOrderedPool};
+use cachalot::baselines::{DriverMalloc, StreamOrderedPool};
 use gpu_common::{MIB, exclusive, gpu};
 
 /// Far beyond any GPU's memory.

@@ -16,7 +16,7 @@ use cachalot::cuda::cudarc::driver::{
     CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg,
 };
 use cachalot::cuda::{CudaAllocator, CudaBackend, DeviceBuffer, stream_id};
-use cachalot::{Backend, BackendError, BlockState, Settings, StreamId};
+use cachalot::{Backend, BackendError, BlockPhase, Settings, StreamId};
 use gpu_common::{MIB, exclusive, function, gpu, kernels};
 
 /// Driver memory that may come and go outside the allocator (context bookkeeping, page tables).
@@ -279,7 +279,7 @@ fn a_range_grows_in_place_so_its_blocks_are_contiguous_across_pages() {
         segments[0]
             .blocks
             .iter()
-            .filter(|x| x.state == BlockState::Allocated)
+            .filter(|x| x.state == BlockPhase::Allocated)
             .count(),
         1
     );

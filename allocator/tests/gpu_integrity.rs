@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use cachalot::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
 use cachalot::cuda::{CudaAllocator, CudaError, DeviceBuffer, Launch};
-use cachalot::{BlockState, Error, Settings};
+use cachalot::{BlockPhase, Error, Settings};
 use gpu_common::{MIB, exclusive, function, gpu, kernels};
 
 /// Every size class: tiny, the 512 B minimum block, around the 1 MiB small/large boundary,
@@ -264,7 +264,7 @@ fn the_summary_and_settings_read_like_pytorchs() {
     assert!(
         segments
             .iter()
-            .all(|s| s.blocks.iter().all(|b| b.state == BlockState::Free))
+            .all(|s| s.blocks.iter().all(|b| b.state == BlockPhase::Free))
     );
 }
 

@@ -13,7 +13,7 @@ use cachalot::cuda::cudarc::driver::{
     CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg,
 };
 use cachalot::cuda::{CudaAllocator, DeviceBuffer, Launch};
-use cachalot::{BlockState, Settings};
+use cachalot::{BlockPhase, Settings};
 use gpu_common::{exclusive, function, gpu, kernels};
 
 /// 4 Mi values (16 MiB): a large-pool block.
@@ -107,7 +107,7 @@ fn a_buffer_freed_while_another_stream_reads_it_waits_for_that_stream() {
         .segments()
         .into_iter()
         .flat_map(|seg| seg.blocks)
-        .filter(|b| b.state == BlockState::Pending)
+        .filter(|b| b.state == BlockPhase::Pending)
         .collect();
     // The decision was taken at the allocation, while B's kernel ran (it runs for 100 ms and
     // was just launched); a new segment had to come from the driver.
@@ -220,7 +220,7 @@ fn empty_cache_waits_for_pending_blocks_then_releases_them() {
             .segments()
             .iter()
             .flat_map(|seg| seg.blocks.iter())
-            .filter(|b| b.state == BlockState::Pending)
+            .filter(|b| b.state == BlockPhase::Pending)
             .count()
     };
     assert_eq!(pending(&s.alloc), 1);

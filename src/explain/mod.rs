@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 
 use cachalot::sizes::Pool;
-use cachalot::{BlockState, Settings};
+use cachalot::{BlockPhase, Settings};
 use serde::Serialize;
 
 use crate::replay::{ReplayError, Sample, StartMode, Stepper};
@@ -218,10 +218,10 @@ pub fn breakdown(stepper: &Stepper, origins: &[Origin], frames: &FrameTable) -> 
             });
         row.segments += 1;
         row.reserved_bytes += seg.size;
-        let whole_free = seg.blocks.len() == 1 && seg.blocks[0].state == BlockState::Free;
+        let whole_free = seg.blocks.len() == 1 && seg.blocks[0].state == BlockPhase::Free;
         for b in &seg.blocks {
             match b.state {
-                BlockState::Allocated => {
+                BlockPhase::Allocated => {
                     live_bytes += b.size;
                     live_requested += b.requested;
                     live_tensors += 1;
@@ -261,8 +261,8 @@ pub fn breakdown(stepper: &Stepper, origins: &[Origin], frames: &FrameTable) -> 
                         largest_stack[g] = stack;
                     }
                 }
-                BlockState::Pending => pending += b.size,
-                BlockState::Free => {
+                BlockPhase::Pending => pending += b.size,
+                BlockPhase::Free => {
                     free_bytes += b.size;
                     row.free_bytes += b.size;
                     let give_back = if seg.expandable {

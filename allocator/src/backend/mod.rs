@@ -2,8 +2,12 @@
 //!
 //! The one rule: the policy core never names a CUDA type. It sees streams and events as opaque
 //! ids and device memory as addresses; a [`Backend`] turns those into driver calls (the CUDA
-//! backend) or into bookkeeping (the [`sim`] device).
+//! backend, [`cuda`] with its virtual memory in `cuda/vmm.rs`, public as
+//! `cachalot::cuda::CudaBackend`) or into bookkeeping (the [`sim`] device, public as
+//! `cachalot::SimDevice`).
 
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda;
 pub mod sim;
 
 /// A stream, as the backend identifies it (for CUDA, the `CUstream` handle's value).

@@ -9,9 +9,9 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use super::{Backend, BackendError, EventId, MemInfo, StreamId};
 
 /// The lowest address the simulated device hands out when it has no script.
-pub const SIM_BASE_ADDRESS: u64 = 0x7f00_0000_0000;
+pub(crate) const SIM_BASE_ADDRESS: u64 = 0x7f00_0000_0000;
 /// Addresses the simulated device invents are aligned to this (2 MiB).
-pub const SIM_ALIGNMENT: u64 = 2 << 20;
+pub(crate) const SIM_ALIGNMENT: u64 = 2 << 20;
 
 /// Faults to inject into a [`SimDevice`]: each counter makes that many upcoming calls fail.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

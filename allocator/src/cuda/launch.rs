@@ -7,10 +7,15 @@
 //! streams, and the use is recorded so the buffer's memory is not reused before the kernel
 //! ends. The guards that record the kernel's uses run when the `Launch` is dropped, after the
 //! kernel is queued.
+//!
+//! Beside it, at the end of this file, cudarc's `PushKernelArg` for the same types: a buffer
+//! pushed straight into cudarc's `LaunchArgs` goes to the kernel as its bare device address,
+//! ordered and recorded by nothing (the raw hazard documented on [`DeviceBuffer`]).
 
 use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchArgs, PushKernelArg, SyncOnDrop};
 
-use super::buffer::{DeviceBlock, DeviceBuffer};
+use super::block::DeviceBlock;
+use super::buffer::DeviceBuffer;
 use super::ordering::Access;
 use super::streams::stream_id;
 use super::view::{DeviceView, DeviceViewMut};
@@ -174,5 +179,80 @@ impl<'a> Launch<'a> {
     /// (cudarc's own slices order themselves) with `launch.builder().arg(..)`.
     pub fn builder(&mut self) -> &mut LaunchArgs<'a> {
         &mut self.args
+    }
+}
+
+// Kernel arguments: a buffer or view goes to a kernel as its device address. These impls order
+// and record nothing — cudarc's `LaunchArgs` does not reveal its stream — which is the raw
+// hazard documented on `DeviceBuffer`; `Launch` does both.
+
+/// A bare device address: **nothing is ordered or recorded** (cudarc does not reveal the launch
+/// stream). Fine on the block's own stream; on another, use [`Launch`].
+// SAFETY: the argument pushed is a reference to the block's `CUdeviceptr` (a `u64`, which is
+// `DeviceRepr`), borrowed for `'b: 'a`, so it outlives the launch builder that reads it.
+unsafe impl<'a, 'b: 'a> PushKernelArg<&'b DeviceBlock> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b DeviceBlock) -> &mut Self {
+        self.arg(arg.address_ref())
+    }
+}
+
+/// A bare device address: nothing is ordered or recorded; see `&DeviceBlock`.
+// SAFETY: as for `&DeviceBlock`.
+unsafe impl<'a, 'b: 'a> PushKernelArg<&'b mut DeviceBlock> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b mut DeviceBlock) -> &mut Self {
+        let arg: &'b DeviceBlock = arg;
+        self.arg(arg.address_ref())
+    }
+}
+
+/// A bare device address: **nothing is ordered or recorded** (cudarc does not reveal the launch
+/// stream). Fine on the buffer's own stream; on another, use [`Launch`].
+// SAFETY: as for `&DeviceBlock`.
+unsafe impl<'a, 'b: 'a, T> PushKernelArg<&'b DeviceBuffer<T>> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b DeviceBuffer<T>) -> &mut Self {
+        self.arg(arg.block().address_ref())
+    }
+}
+
+/// A bare device address: nothing is ordered or recorded; see `&DeviceBuffer`.
+// SAFETY: as for `&DeviceBlock`.
+unsafe impl<'a, 'b: 'a, T> PushKernelArg<&'b mut DeviceBuffer<T>> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b mut DeviceBuffer<T>) -> &mut Self {
+        let arg: &'b DeviceBuffer<T> = arg;
+        self.arg(arg.block().address_ref())
+    }
+}
+
+/// The view's device address: nothing is ordered or recorded; see `&DeviceBuffer`.
+// SAFETY: the argument pushed is a reference to the view's own address field (a `u64`),
+// borrowed with the view for `'b: 'a`, so it outlives the launch builder; the view borrows its
+// buffer, so the memory it points into outlives it too.
+unsafe impl<'a, 'b: 'a, 'v, T> PushKernelArg<&'b DeviceView<'v, T>> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b DeviceView<'v, T>) -> &mut Self {
+        self.arg(arg.address_ref())
+    }
+}
+
+/// The view's device address: nothing is ordered or recorded; see `&DeviceBuffer`.
+// SAFETY: as for `&DeviceView`.
+unsafe impl<'a, 'b: 'a, 'v, T> PushKernelArg<&'b DeviceViewMut<'v, T>> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b DeviceViewMut<'v, T>) -> &mut Self {
+        self.arg(arg.address_ref())
+    }
+}
+
+/// The view's device address: nothing is ordered or recorded; see `&DeviceBuffer`.
+// SAFETY: as for `&DeviceView`.
+unsafe impl<'a, 'b: 'a, 'v, T> PushKernelArg<&'b mut DeviceViewMut<'v, T>> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b mut DeviceViewMut<'v, T>) -> &mut Self {
+        let arg: &'b DeviceViewMut<'v, T> = arg;
+        self.arg(arg.address_ref())
     }
 }

@@ -53,13 +53,12 @@
 //! ```
 
 mod anchor;
-mod backend;
-pub mod baselines;
+mod block;
 mod buffer;
-mod error;
+pub(crate) mod error;
 mod launch;
 mod ordering;
-mod streams;
+pub(crate) mod streams;
 mod summary;
 mod view;
 
@@ -71,8 +70,9 @@ use rustc_hash::FxHashSet;
 pub use cudarc;
 use cudarc::driver::{CudaContext, CudaStream, DeviceRepr, ValidAsZeroBits};
 
-pub use backend::CudaBackend;
-pub use buffer::{DeviceBlock, DeviceBuffer, Plain};
+pub use crate::backend::cuda::CudaBackend;
+pub use block::DeviceBlock;
+pub use buffer::{DeviceBuffer, Plain};
 pub use error::CudaError;
 pub use launch::{KernelArg, Launch};
 pub use streams::stream_id;
@@ -82,6 +82,8 @@ pub use view::{DeviceView, DeviceViewMut};
 use crate::backend::MemInfo;
 use crate::error::Error;
 use crate::frontend::Allocator;
+use crate::history::HistoryOptions;
+use crate::invariants::InvariantViolation;
 use crate::policy::{CachingCore, SegmentInfo};
 use streams::StreamRegistry;
 
@@ -102,7 +104,7 @@ pub const ALLOC_CONF_ENV: &str = "CACHALOT_ALLOC_CONF";
 /// }
 /// ```
 pub fn device_count() -> Result<usize, CudaError> {
-    if !backend::driver_library_present() {
+    if !crate::backend::cuda::driver_library_present() {
         return Err(CudaError::NoDriver {
             reason: "the CUDA driver library (libcuda) could not be loaded".into(),
         });
@@ -588,7 +590,7 @@ impl CudaAllocator {
     /// # Ok::<(), cachalot::cuda::CudaError>(())
     /// ```
     pub fn memory_summary(&self) -> String {
-        memory_summary(&self.stats(), self.ordinal())
+        memory_summary(&self.stats(), &self.segments(), self.ordinal())
     }
 
     /// The segments and their blocks, by address.
@@ -606,7 +608,7 @@ impl CudaAllocator {
     }
 
     /// Checks the policy core's invariants (see [`CachingCore::check_invariants`]).
-    pub fn check_invariants(&self) -> Result<(), crate::InvariantViolation> {
+    pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
         self.inner.check_invariants()
     }
 
@@ -634,12 +636,12 @@ impl CudaAllocator {
 
     /// [`CudaAllocator::record_history`] with every option: Rust backtraces captured with each
     /// entry and written as its `frames` ([`crate::HistoryOptions::with_backtraces`]).
-    pub fn record_history_with(&self, options: Option<crate::HistoryOptions>) {
+    pub fn record_history_with(&self, options: Option<HistoryOptions>) {
         self.inner.record_history_with(options)
     }
 
     /// How the history is being recorded, or `None` when it is not.
-    pub fn history_options(&self) -> Option<crate::HistoryOptions> {
+    pub fn history_options(&self) -> Option<HistoryOptions> {
         self.inner.history_options()
     }
 

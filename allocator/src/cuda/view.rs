@@ -13,7 +13,7 @@ use std::ops::{Bound, RangeBounds};
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 
-use super::buffer::DeviceBlock;
+use super::block::DeviceBlock;
 use super::ordering::Access;
 use crate::sync::real::Arc;
 

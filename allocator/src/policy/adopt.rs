@@ -8,7 +8,7 @@
 //! statistics raised by what it holds.
 
 use crate::backend::{Backend, EventId, StreamId};
-use crate::block::{Block, BlockId, BlockState};
+use crate::block::{Block, BlockId, BlockPhase};
 use crate::error::Error;
 use crate::sizes::{MIN_BLOCK_SIZE, MIN_LARGE_ALLOC, Pool, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE};
 
@@ -118,10 +118,10 @@ impl<B: Backend> CachingCore<B> {
         let mut address = segment.address;
         for (i, adopted) in segment.blocks.iter().enumerate() {
             let (state, requested, event_count) = match &adopted.state {
-                AdoptedState::Free => (BlockState::Free, 0, 0),
-                AdoptedState::Allocated { requested } => (BlockState::Allocated, *requested, 0),
+                AdoptedState::Free => (BlockPhase::Free, 0, 0),
+                AdoptedState::Allocated { requested } => (BlockPhase::Allocated, *requested, 0),
                 AdoptedState::Pending { requested, .. } => (
-                    BlockState::Pending,
+                    BlockPhase::Pending,
                     *requested,
                     recorded.iter().filter(|r| r.0 == i).count() as u32,
                 ),
@@ -148,14 +148,14 @@ impl<B: Backend> CachingCore<B> {
             let size = adopted.size;
             let s = &mut self.stats;
             match state {
-                BlockState::Free => {
+                BlockPhase::Free => {
                     self.free[p].insert((segment.stream, size, address, id));
                     if split {
                         s.inactive_split.increase(pool, 1);
                         s.inactive_split_bytes.increase(pool, size);
                     }
                 }
-                BlockState::Allocated => {
+                BlockPhase::Allocated => {
                     self.live.insert(address, id);
                     s.allocation.increase(pool, 1);
                     s.allocated_bytes.increase(pool, size);
@@ -163,9 +163,9 @@ impl<B: Backend> CachingCore<B> {
                         s.oversize_allocations.increase(1);
                     }
                 }
-                BlockState::Pending => {}
+                BlockPhase::Pending => {}
             }
-            if state != BlockState::Free {
+            if state != BlockPhase::Free {
                 s.active.increase(pool, 1);
                 s.active_bytes.increase(pool, size);
                 s.requested_bytes.increase(pool, requested);
@@ -304,8 +304,10 @@ impl<B: Backend> CachingCore<B> {
 mod tests {
     use super::*;
     use crate::backend::sim::SIM_BASE_ADDRESS;
+    use crate::backend::sim::SimDevice;
     use crate::backend::{BackendError, MemInfo};
-    use crate::{BlockState, Settings, SimDevice};
+    use crate::block::BlockPhase;
+    use crate::settings::Settings;
 
     const MIB: u64 = 1 << 20;
     const AT: u64 = 0x1000_0000;
@@ -576,11 +578,11 @@ mod tests {
         c.backend_mut().complete_stream(StreamId(1));
         c.malloc(512, StreamId(1)).unwrap();
         let segs = c.segments();
-        assert_eq!(segs[0].blocks[1].state, BlockState::Pending);
+        assert_eq!(segs[0].blocks[1].state, BlockPhase::Pending);
         c.backend_mut().complete_stream(StreamId(2));
         c.malloc(512, StreamId(1)).unwrap();
         let segs = c.segments();
-        assert_eq!(segs[0].blocks[0].state, BlockState::Free);
+        assert_eq!(segs[0].blocks[0].state, BlockPhase::Free);
         assert_eq!(segs[0].blocks[0].size, MIB + 4096);
         c.check_invariants().unwrap();
         // Freed whole, an adopted segment goes back to the device like any other.
@@ -657,7 +659,7 @@ mod tests {
         assert!(e.to_string().contains("not supported"), "{e}");
         assert!(c.segments().is_empty());
         assert_eq!(c.backend().0.live_events(), 0);
-        assert_eq!(c.stats(), &crate::Stats::default());
+        assert_eq!(c.stats(), &crate::stats::Stats::default());
     }
 
     #[test]

@@ -7,12 +7,12 @@
 //! become unmapped blocks that merge with unmapped neighbours).
 
 use crate::backend::{Backend, BackendError, StreamId};
-use crate::block::{Block, BlockId, BlockState};
+use crate::block::{Block, BlockId, BlockPhase, Range};
 use crate::error::Error;
 use crate::history::TraceAction;
 use crate::sizes::{Pool, SMALL_BUFFER};
 
-use super::{CachingCore, Range};
+use super::CachingCore;
 
 /// The page of a range (rule 19): 2 MiB in the small pool, `large` (the setting
 /// `expandable_page_mb`; PyTorch's 20 MiB unless set) in the large pool.
@@ -147,7 +147,7 @@ impl<B: Backend> CachingCore<B> {
     /// Rule 19b: the first unmapped block of the pool and stream, in address order — or the
     /// free block before it — from which free and unmapped blocks reach `rounded` bytes.
     fn grow_start(&self, pool: Pool, stream: StreamId, rounded: u64) -> Option<BlockId> {
-        let free_or_unmapped = |id: BlockId| self.blocks.get(id).state == BlockState::Free;
+        let free_or_unmapped = |id: BlockId| self.blocks.get(id).state == BlockPhase::Free;
         for &(s, _, id) in self.unmapped[pool.index()].range((stream, 0, 0)..) {
             if s != stream {
                 break;
@@ -204,7 +204,7 @@ impl<B: Backend> CachingCore<B> {
     fn map_step(&mut self, id: BlockId, n: u64) -> Result<Option<BlockId>, Error> {
         let (address, size, pool, stream, range) = {
             let b = self.blocks.get(id);
-            debug_assert!(!b.mapped && b.state == BlockState::Free);
+            debug_assert!(!b.mapped && b.state == BlockPhase::Free);
             (b.address, b.size, b.pool, b.stream, b.range)
         };
         let page = range
@@ -285,7 +285,7 @@ impl<B: Backend> CachingCore<B> {
     fn unmap_block(&mut self, id: BlockId) -> Result<(), Error> {
         let (address, size, pool, stream, base) = {
             let b = self.blocks.get(id);
-            debug_assert!(b.mapped && b.state == BlockState::Free);
+            debug_assert!(b.mapped && b.state == BlockPhase::Free);
             let base = b
                 .range
                 .expect("rule 19e: only blocks of ranges are unmapped");
@@ -355,8 +355,11 @@ impl<B: Backend> CachingCore<B> {
 
 #[cfg(test)]
 mod tests {
+    use crate::backend::StreamId;
     use crate::backend::sim::{SIM_BASE_ADDRESS, SimDevice};
-    use crate::{BlockState, CachingCore, Settings, StreamId};
+    use crate::block::BlockPhase;
+    use crate::policy::CachingCore;
+    use crate::settings::Settings;
 
     const MIB: u64 = 1 << 20;
     const S: StreamId = StreamId(0);
@@ -393,7 +396,7 @@ mod tests {
         assert_eq!((segs[0].address, segs[0].size), (base, 40 * MIB));
         let sizes: Vec<u64> = segs[0].blocks.iter().map(|b| b.size).collect();
         assert_eq!(sizes, [3 * MIB, 3 * MIB, 30 * MIB, 4 * MIB]);
-        assert_eq!(segs[0].blocks[3].state, BlockState::Free);
+        assert_eq!(segs[0].blocks[3].state, BlockPhase::Free);
         c.check_invariants().unwrap();
     }
 
@@ -459,26 +462,41 @@ mod tests {
     fn a_backend_without_virtual_memory_refuses_the_setting() {
         #[derive(Debug)]
         struct NoVm(SimDevice);
-        impl crate::Backend for NoVm {
-            fn allocate(&mut self, size: u64) -> Result<u64, crate::BackendError> {
+        impl crate::backend::Backend for NoVm {
+            fn allocate(&mut self, size: u64) -> Result<u64, crate::backend::BackendError> {
                 self.0.allocate(size)
             }
-            fn free(&mut self, address: u64, size: u64) -> Result<(), crate::BackendError> {
+            fn free(
+                &mut self,
+                address: u64,
+                size: u64,
+            ) -> Result<(), crate::backend::BackendError> {
                 self.0.free(address, size)
             }
-            fn mem_info(&mut self) -> Result<crate::MemInfo, crate::BackendError> {
+            fn mem_info(
+                &mut self,
+            ) -> Result<crate::backend::MemInfo, crate::backend::BackendError> {
                 self.0.mem_info()
             }
-            fn record_event(&mut self, s: StreamId) -> Result<crate::EventId, crate::BackendError> {
+            fn record_event(
+                &mut self,
+                s: StreamId,
+            ) -> Result<crate::backend::EventId, crate::backend::BackendError> {
                 self.0.record_event(s)
             }
-            fn query_event(&mut self, e: crate::EventId) -> Result<bool, crate::BackendError> {
+            fn query_event(
+                &mut self,
+                e: crate::backend::EventId,
+            ) -> Result<bool, crate::backend::BackendError> {
                 self.0.query_event(e)
             }
-            fn synchronize_event(&mut self, e: crate::EventId) -> Result<(), crate::BackendError> {
+            fn synchronize_event(
+                &mut self,
+                e: crate::backend::EventId,
+            ) -> Result<(), crate::backend::BackendError> {
                 self.0.synchronize_event(e)
             }
-            fn destroy_event(&mut self, e: crate::EventId) {
+            fn destroy_event(&mut self, e: crate::backend::EventId) {
                 self.0.destroy_event(e)
             }
         }

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use rustc_hash::FxHashMap;
 
 use crate::backend::{Backend, BackendError, EventId, StreamId};
-use crate::block::{Block, BlockId, BlockState, FreeKey, Slab};
+use crate::block::{Block, BlockId, BlockPhase, FreeKey, Range, Slab, UnmappedKey};
 use crate::error::{Error, OutOfMemory};
 use crate::history::{History, HistoryOptions, RecordedEvent, TraceAction, TraceEvent};
 use crate::invariants::{CoreParts, InvariantViolation};
@@ -19,25 +19,11 @@ use crate::settings::Settings;
 use crate::sizes::{MAX_ALLOC_SIZE, MIN_BLOCK_SIZE, Pool, SMALL_SIZE, round_size, segment_size};
 use crate::stats::Stats;
 
-mod adopt;
+pub(crate) mod adopt;
 mod expandable;
 mod release;
 #[cfg(test)]
 mod tests;
-
-pub use adopt::{AdoptedBlock, AdoptedSegment, AdoptedState};
-
-/// A key of a pool's unmapped set (rule 19): `(stream, address, block)`.
-pub(crate) type UnmappedKey = (StreamId, u64, BlockId);
-
-/// A range of address space for expandable segments (rule 19).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Range {
-    /// Its size in bytes (whole pages).
-    pub size: u64,
-    /// Its page: 2 MiB in the small pool, 20 MiB in the large pool.
-    pub page: u64,
-}
 
 /// One block of a segment, as [`CachingCore::segments`] reports it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -49,7 +35,7 @@ pub struct BlockInfo {
     /// The size the user asked for (0 for free blocks).
     pub requested: u64,
     /// Allocated, pending (waiting for other streams) or free.
-    pub state: BlockState,
+    pub state: BlockPhase,
 }
 
 /// One device segment and its blocks, as [`CachingCore::segments`] reports it.
@@ -544,7 +530,7 @@ impl<B: Backend> CachingCore<B> {
             self.stats.inactive_split.decrease(pool, 1);
         }
         let b = self.blocks.get_mut(id);
-        b.state = BlockState::Allocated;
+        b.state = BlockPhase::Allocated;
         b.requested = requested;
         let size = b.size;
         self.live.insert(address, id);
@@ -606,7 +592,7 @@ impl<B: Backend> CachingCore<B> {
             self.return_to_pool(id);
         } else {
             let b = self.blocks.get_mut(id);
-            b.state = BlockState::Pending;
+            b.state = BlockPhase::Pending;
             b.event_count = recorded.len() as u32;
             for (s, e) in recorded {
                 self.events.entry(s).or_default().push_back((e, id));
@@ -649,7 +635,7 @@ impl<B: Backend> CachingCore<B> {
         let (mut net_blocks, mut net_bytes) = self.absorb_neighbours(id, prev, next, true);
         let gc_base = self.searches[p];
         let b = self.blocks.get_mut(id);
-        b.state = BlockState::Free;
+        b.state = BlockPhase::Free;
         b.requested = 0;
         b.event_count = 0;
         b.stream_uses.clear();
@@ -687,7 +673,7 @@ impl<B: Backend> CachingCore<B> {
         let mut net_bytes: i64 = 0;
         let mergeable = |core: &Self, n: BlockId| {
             let b = core.blocks.get(n);
-            b.state == BlockState::Free && b.mapped == mapped
+            b.state == BlockPhase::Free && b.mapped == mapped
         };
         if let Some(pid) = prev.filter(|&n| mergeable(self, n)) {
             let src = self.blocks.remove(pid);

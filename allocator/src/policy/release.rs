@@ -4,7 +4,7 @@
 //! and every release updates the statistics in the same step as the device call succeeds.
 
 use crate::backend::{Backend, StreamId};
-use crate::block::{Block, BlockId, BlockState};
+use crate::block::{Block, BlockId, BlockPhase};
 use crate::error::Error;
 use crate::history::TraceAction;
 use crate::sizes::Pool;
@@ -56,7 +56,7 @@ impl<B: Backend> CachingCore<B> {
     fn release_segment(&mut self, id: BlockId) -> Result<(), Error> {
         let (address, size, pool, stream) = {
             let b = self.blocks.get(id);
-            debug_assert!(!b.is_split() && b.state == BlockState::Free);
+            debug_assert!(!b.is_split() && b.state == BlockPhase::Free);
             (b.address, b.size, b.pool, b.stream)
         };
         self.backend.free(address, size)?;

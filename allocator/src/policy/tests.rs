@@ -79,13 +79,13 @@ fn a_small_pool_block_is_split_when_at_least_512_bytes_remain() {
     assert_eq!(b, a + MIB);
     let blocks = segment(&c, a).blocks;
     assert_eq!(blocks.len(), 3);
-    assert_eq!((blocks[2].size, blocks[2].state), (512, BlockState::Free));
+    assert_eq!((blocks[2].size, blocks[2].state), (512, BlockPhase::Free));
     // 512 B of the last 512 B: nothing remains, no split.
     let last = c.malloc(512, s).unwrap();
     assert_eq!(last, a + 2 * MIB - 512);
     let blocks = segment(&c, a).blocks;
     assert_eq!(blocks.len(), 3);
-    assert!(blocks.iter().all(|b| b.state == BlockState::Allocated));
+    assert!(blocks.iter().all(|b| b.state == BlockPhase::Allocated));
     c.check_invariants().unwrap();
 }
 
@@ -106,7 +106,7 @@ fn a_large_pool_block_is_split_only_when_more_than_1_mib_remains() {
     assert_eq!(blocks[0].size, 19 * MIB - 512);
     assert_eq!(
         (blocks[1].size, blocks[1].state),
-        (MIB + 512, BlockState::Free)
+        (MIB + 512, BlockPhase::Free)
     );
     c.check_invariants().unwrap();
 }
@@ -157,7 +157,7 @@ fn a_freed_block_merges_with_both_free_neighbours() {
     assert_eq!(blocks.len(), 1);
     assert_eq!(
         (blocks[0].address, blocks[0].size, blocks[0].state),
-        (a, 2 * MIB, BlockState::Free)
+        (a, 2 * MIB, BlockPhase::Free)
     );
     assert_eq!(c.stats().inactive_split.all.current, 0);
     assert_eq!(c.stats().inactive_split_bytes.all.current, 0);
@@ -174,17 +174,17 @@ fn a_pending_neighbour_is_not_merged_until_its_events_complete() {
     c.free(b).unwrap();
     c.free(a).unwrap();
     // b is pending: a stays apart from the free rest after b.
-    let states: Vec<BlockState> = segment(&c, a).blocks.iter().map(|x| x.state).collect();
+    let states: Vec<BlockPhase> = segment(&c, a).blocks.iter().map(|x| x.state).collect();
     assert_eq!(
         states,
-        [BlockState::Free, BlockState::Pending, BlockState::Free]
+        [BlockPhase::Free, BlockPhase::Pending, BlockPhase::Free]
     );
     // Stream 1 completes; the next request processes the event and b merges with both.
     c.backend_mut().complete_stream(s1);
     let big = c.malloc(4 * MIB, s0).unwrap();
     let blocks = segment(&c, a).blocks;
     assert_eq!(blocks.len(), 1);
-    assert_eq!(blocks[0].state, BlockState::Free);
+    assert_eq!(blocks[0].state, BlockPhase::Free);
     c.free(big).unwrap();
     c.check_invariants().unwrap();
 }

@@ -1,79 +1,9 @@
-//! Allocator settings and the `PYTORCH_CUDA_ALLOC_CONF` language.
+//! Allocator settings and the `PYTORCH_CUDA_ALLOC_CONF` language: [`Settings`] in this file
+//! (its documentation is the language's), the parser in `parse.rs`, the printer in
+//! `display.rs`, the tests in `tests.rs`.
 //!
-//! [`Settings`] holds every knob of the caching allocator. A value starts from PyTorch's
-//! defaults ([`Settings::pytorch`]) or cachalot's ([`Settings::cachalot`], which is also the
-//! [`Default`]) and is changed by a configuration string written exactly as for PyTorch's
-//! `PYTORCH_CUDA_ALLOC_CONF` (or `PYTORCH_ALLOC_CONF`) environment variable:
-//!
-//! ```text
-//! max_split_size_mb:128,roundup_power2_divisions:[256:1,512:2,1024:4,>:8],expandable_segments:True
-//! ```
-//!
-//! # Syntax
-//!
-//! The string is cut into tokens as PyTorch's `ConfigTokenizer` does: each of `,` `:` `[` `]`
-//! is a token of its own, ASCII white space is dropped (also *inside* a word, so `2 0` reads as
-//! `20`), and each run of other characters is a word. The tokens must then form `key:value`
-//! pairs separated by single commas. An empty string, or one of white space only, changes
-//! nothing. A key may appear more than once; the later occurrence is applied over the earlier.
-//!
-//! | key | value | stored as |
-//! |---|---|---|
-//! | `max_split_size_mb` | integer ≥ 20 | [`Settings::max_split_size`] = N MiB (N clamped to `u64::MAX / MiB`) |
-//! | `max_non_split_rounding_mb` | integer ≥ 20 | [`Settings::max_non_split_rounding_size`] = N MiB (same clamp) |
-//! | `garbage_collection_threshold` | decimal in (0, 1) | [`Settings::garbage_collection_threshold`] |
-//! | `roundup_power2_divisions` | power of two, or a list (below) | [`Settings::roundup_power2_divisions`] |
-//! | `expandable_segments` | `True` / `False` | [`Settings::expandable_segments`] |
-//! | `per_process_memory_fraction` | decimal in \[0, 1\] | [`Settings::per_process_memory_fraction`] |
-//! | `backend` | `native` / `cudaMallocAsync` | [`Settings::backend`] |
-//! | `thread_cache_blocks` | integer ≤ 1024 (cachalot's own key) | [`Settings::thread_cache_blocks`] |
-//! | `expandable_page_mb` | even integer in \[2, 1024\] (cachalot's own key) | [`Settings::expandable_page_size`] = N MiB |
-//! | `reclaim_headroom` | decimal in \[0, 1\], or `off` (cachalot's own key) | [`Settings::reclaim_headroom`] |
-//! | `release_lock_on_cudamalloc` | `True` / `False` | nothing: only `False` is accepted (below) |
-//! | `pinned_use_cuda_host_register` | `True` / `False` | nothing: only `False` is accepted (below) |
-//! | `pinned_num_register_threads` | power of two ≤ 128 | nothing: only `1` is accepted (below) |
-//! | `pinned_use_background_threads` | `True` / `False` | nothing: only `False` is accepted (below) |
-//!
-//! # Keys cachalot refuses
-//!
-//! Four keys are PyTorch's but mean nothing for cachalot. They are read and checked as PyTorch
-//! checks them, their default value (PyTorch's, which changes nothing) is accepted so that a
-//! configuration written for PyTorch that spells it out still parses, and any other valid
-//! value is [`SettingsError::Unsupported`], whose message says what the key does in PyTorch:
-//!
-//! * `release_lock_on_cudamalloc:True` would release the allocator's lock around `cudaMalloc`.
-//!   cachalot makes every decision under one lock, so that each run is a sequence of core
-//!   operations the reference model can check, and its thread caches already keep the common
-//!   paths off that lock.
-//! * `pinned_use_cuda_host_register`, `pinned_num_register_threads` and
-//!   `pinned_use_background_threads` configure PyTorch's *pinned host-memory* allocator
-//!   (`CachingHostAllocator`). cachalot allocates device memory only: pinned host memory is not
-//!   its business.
-//!
-//! The list form of `roundup_power2_divisions` is `[K:D,K:D,...]`. Each `K` is a size in MB
-//! that is a power of two and names the interval `clamp(log2 K, 0, 15)`; each `D` is `0` or a
-//! power of two. Entries are applied left to right over the current table:
-//!
-//! * the first numeric entry also fills every interval below its own;
-//! * `>:D` fills every interval *after* the one named by the last numeric entry seen so far
-//!   (after interval 0 when there was none), as PyTorch ≥ 2.10 does;
-//! * intervals that no entry reaches keep their previous value (zero when parsing from the
-//!   defaults) — they do *not* inherit the value of the interval before them.
-//!
-//! So `[256:1,512:2,1024:4,>:8]` gives intervals 0..=8 one division, 9 two, 10 four and
-//! 11..=15 eight.
-//!
-//! # Stricter than PyTorch
-//!
-//! Where PyTorch would crash, read past the end of its token list, or silently accept
-//! garbage, this parser returns a [`SettingsError`] instead: numbers must be plain digits
-//! (`12abc`, `+5`, `-1` and `0x10` are refused, where `std::stoull` would take a prefix or
-//! wrap a negative), integers that overflow 64 bits are refused, decimals must be finite
-//! decimal numbers (no `nan`, `inf` or hexadecimal floats), a `:` after each key and a `,`
-//! between pairs are required (PyTorch ≥ 2.9 does not check them), and an empty value, a
-//! trailing comma, an empty list and unbalanced brackets are all errors. Keys PyTorch knows
-//! but cachalot does not (`large_segment_size_mb`, `pinned_reserve_segment_size_mb`,
-//! `graph_capture_record_stream_reuse`, the `*_hip*` spellings, ...) are unrecognized here.
+//! The one rule: a configuration string means here what it means to PyTorch, or it is refused
+//! with a [`SettingsError`] that says why.
 
 use std::fmt;
 
@@ -93,11 +23,11 @@ const INTERVALS: usize = 16;
 /// The largest `expandable_page_mb`.
 const MAX_PAGE_MB: u64 = 1024;
 /// PyTorch's large-pool page of expandable segments (`kLargeBuffer`), 20 MiB.
-pub const PYTORCH_EXPANDABLE_PAGE: u64 = 20 * MIB;
+pub(crate) const PYTORCH_EXPANDABLE_PAGE: u64 = 20 * MIB;
 /// cachalot's large-pool page of expandable segments (rule 21), 2 MiB.
-pub const CACHALOT_EXPANDABLE_PAGE: u64 = 2 * MIB;
+pub(crate) const CACHALOT_EXPANDABLE_PAGE: u64 = 2 * MIB;
 /// cachalot's default for [`Settings::reclaim_headroom`] (rule 21): 2.5 %.
-pub const RECLAIM_HEADROOM: f64 = 0.025;
+pub(crate) const RECLAIM_HEADROOM: f64 = 0.025;
 /// The largest value of `pinned_num_register_threads`.
 const MAX_REGISTER_THREADS: u64 = 128;
 
@@ -147,6 +77,83 @@ impl fmt::Display for AllocatorBackend {
 /// assert_eq!(Settings::parse(&s.to_string())?, s);
 /// # Ok::<(), cachalot::SettingsError>(())
 /// ```
+///
+/// # The configuration string
+///
+/// A value starts from PyTorch's defaults ([`Settings::pytorch`]) or cachalot's
+/// ([`Settings::cachalot`], which is also the [`Default`]) and is changed by a configuration
+/// string written exactly as for PyTorch's `PYTORCH_CUDA_ALLOC_CONF` (or `PYTORCH_ALLOC_CONF`)
+/// environment variable:
+///
+/// ```text
+/// max_split_size_mb:128,roundup_power2_divisions:[256:1,512:2,1024:4,>:8],expandable_segments:True
+/// ```
+///
+/// ## Syntax
+///
+/// The string is cut into tokens as PyTorch's `ConfigTokenizer` does: each of `,` `:` `[` `]`
+/// is a token of its own, ASCII white space is dropped (also *inside* a word, so `2 0` reads as
+/// `20`), and each run of other characters is a word. The tokens must then form `key:value`
+/// pairs separated by single commas. An empty string, or one of white space only, changes
+/// nothing. A key may appear more than once; the later occurrence is applied over the earlier.
+///
+/// | key | value | stored as |
+/// |---|---|---|
+/// | `max_split_size_mb` | integer ≥ 20 | [`Settings::max_split_size`] = N MiB (N clamped to `u64::MAX / MiB`) |
+/// | `max_non_split_rounding_mb` | integer ≥ 20 | [`Settings::max_non_split_rounding_size`] = N MiB (same clamp) |
+/// | `garbage_collection_threshold` | decimal in (0, 1) | [`Settings::garbage_collection_threshold`] |
+/// | `roundup_power2_divisions` | power of two, or a list (below) | [`Settings::roundup_power2_divisions`] |
+/// | `expandable_segments` | `True` / `False` | [`Settings::expandable_segments`] |
+/// | `per_process_memory_fraction` | decimal in \[0, 1\] | [`Settings::per_process_memory_fraction`] |
+/// | `backend` | `native` / `cudaMallocAsync` | [`Settings::backend`] |
+/// | `thread_cache_blocks` | integer ≤ 1024 (cachalot's own key) | [`Settings::thread_cache_blocks`] |
+/// | `expandable_page_mb` | even integer in \[2, 1024\] (cachalot's own key) | [`Settings::expandable_page_size`] = N MiB |
+/// | `reclaim_headroom` | decimal in \[0, 1\], or `off` (cachalot's own key) | [`Settings::reclaim_headroom`] |
+/// | `release_lock_on_cudamalloc` | `True` / `False` | nothing: only `False` is accepted (below) |
+/// | `pinned_use_cuda_host_register` | `True` / `False` | nothing: only `False` is accepted (below) |
+/// | `pinned_num_register_threads` | power of two ≤ 128 | nothing: only `1` is accepted (below) |
+/// | `pinned_use_background_threads` | `True` / `False` | nothing: only `False` is accepted (below) |
+///
+/// ## Keys cachalot refuses
+///
+/// Four keys are PyTorch's but mean nothing for cachalot. They are read and checked as PyTorch
+/// checks them, their default value (PyTorch's, which changes nothing) is accepted so that a
+/// configuration written for PyTorch that spells it out still parses, and any other valid
+/// value is [`SettingsError::Unsupported`], whose message says what the key does in PyTorch:
+///
+/// * `release_lock_on_cudamalloc:True` would release the allocator's lock around `cudaMalloc`.
+///   cachalot makes every decision under one lock, so that each run is a sequence of core
+///   operations the reference model can check, and its thread caches already keep the common
+///   paths off that lock.
+/// * `pinned_use_cuda_host_register`, `pinned_num_register_threads` and
+///   `pinned_use_background_threads` configure PyTorch's *pinned host-memory* allocator
+///   (`CachingHostAllocator`). cachalot allocates device memory only: pinned host memory is not
+///   its business.
+///
+/// The list form of `roundup_power2_divisions` is `[K:D,K:D,...]`. Each `K` is a size in MB
+/// that is a power of two and names the interval `clamp(log2 K, 0, 15)`; each `D` is `0` or a
+/// power of two. Entries are applied left to right over the current table:
+///
+/// * the first numeric entry also fills every interval below its own;
+/// * `>:D` fills every interval *after* the one named by the last numeric entry seen so far
+///   (after interval 0 when there was none), as PyTorch ≥ 2.10 does;
+/// * intervals that no entry reaches keep their previous value (zero when parsing from the
+///   defaults) — they do *not* inherit the value of the interval before them.
+///
+/// So `[256:1,512:2,1024:4,>:8]` gives intervals 0..=8 one division, 9 two, 10 four and
+/// 11..=15 eight.
+///
+/// ## Stricter than PyTorch
+///
+/// Where PyTorch would crash, read past the end of its token list, or silently accept
+/// garbage, this parser returns a [`SettingsError`] instead: numbers must be plain digits
+/// (`12abc`, `+5`, `-1` and `0x10` are refused, where `std::stoull` would take a prefix or
+/// wrap a negative), integers that overflow 64 bits are refused, decimals must be finite
+/// decimal numbers (no `nan`, `inf` or hexadecimal floats), a `:` after each key and a `,`
+/// between pairs are required (PyTorch ≥ 2.9 does not check them), and an empty value, a
+/// trailing comma, an empty list and unbalanced brackets are all errors. Keys PyTorch knows
+/// but cachalot does not (`large_segment_size_mb`, `pinned_reserve_segment_size_mb`,
+/// `graph_capture_record_stream_reuse`, the `*_hip*` spellings, ...) are unrecognized here.
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct Settings {
@@ -174,26 +181,25 @@ pub struct Settings {
     /// cachalot's own policy, not PyTorch's: how many freed blocks each thread keeps for
     /// itself in front of the shared cache ([`crate::Allocator`]'s thread caches, rule 17 of
     /// ARCHITECTURE.md). `0` (PyTorch's behaviour, [`Settings::pytorch`]) turns them off;
-    /// cachalot's default is [`THREAD_CACHE_BLOCKS`].
+    /// cachalot's default is 8.
     pub thread_cache_blocks: u32,
     /// cachalot's own knob: the large pool's page of expandable segments, in bytes (rule 19;
-    /// `expandable_page_mb`). PyTorch's is [`PYTORCH_EXPANDABLE_PAGE`] (20 MiB), cachalot's
-    /// [`CACHALOT_EXPANDABLE_PAGE`] (2 MiB: less memory past the end of the last block, more map
-    /// calls). The small pool's page is always 2 MiB.
+    /// `expandable_page_mb`). PyTorch's is 20 MiB, cachalot's 2 MiB (less memory past the end
+    /// of the last block, more map calls). The small pool's page is always 2 MiB.
     pub expandable_page_size: u64,
     /// cachalot's own policy: reclaim before growing (rule 20; `reclaim_headroom`). With
     /// `Some(h)`, before an expandable range grows past `(1 + h)` times the most bytes the
     /// program has ever asked for at once, free pages left in holes between live blocks are
     /// unmapped first. `None` (PyTorch's behaviour) turns it off; cachalot's default is
-    /// [`RECLAIM_HEADROOM`]. Acts only with [`Settings::expandable_segments`].
+    /// 0.025 (2.5 %). Acts only with [`Settings::expandable_segments`].
     pub reclaim_headroom: Option<f64>,
 }
 
 /// cachalot's default for [`Settings::thread_cache_blocks`].
-pub const THREAD_CACHE_BLOCKS: u32 = 8;
+pub(crate) const THREAD_CACHE_BLOCKS: u32 = 8;
 
 /// The largest accepted [`Settings::thread_cache_blocks`]: a thread cache is scanned linearly.
-pub const MAX_THREAD_CACHE_BLOCKS: u32 = 1024;
+pub(crate) const MAX_THREAD_CACHE_BLOCKS: u32 = 1024;
 
 /// Why a configuration string, or a value given to a setter, was refused.
 ///
@@ -289,14 +295,14 @@ impl Settings {
     /// cachalot's own defaults, also [`Default`] (rule 21 of ARCHITECTURE.md). They start from
     /// PyTorch's ([`Settings::pytorch`]) and depart from them in these ways:
     ///
-    /// * `thread_cache_blocks` is [`THREAD_CACHE_BLOCKS`]: each thread keeps up to that many
-    ///   of the blocks it freed, and hands them straight back to its own requests of the same
-    ///   size on the same stream (rule 17, checked against the model).
-    /// * `expandable_segments` is on, with [`CACHALOT_EXPANDABLE_PAGE`] pages in the large pool
-    ///   too (rule 19), and `reclaim_headroom` is [`RECLAIM_HEADROOM`] (rule 20): reserved
-    ///   memory stays close to the most the program ever asked for. This needs a backend with
-    ///   virtual memory ([`crate::Backend::virtual_memory`]); the CUDA allocator given exactly
-    ///   these defaults on a GPU without it uses segments instead.
+    /// * `thread_cache_blocks` is 8: each thread keeps up to that many of the blocks it freed,
+    ///   and hands them straight back to its own requests of the same size on the same stream
+    ///   (rule 17, checked against the model).
+    /// * `expandable_segments` is on, with 2 MiB pages in the large pool too (rule 19), and
+    ///   `reclaim_headroom` is 0.025 (rule 20): reserved memory stays close to the most the
+    ///   program ever asked for. This needs a backend with virtual memory
+    ///   ([`Backend::virtual_memory`](crate::backend::Backend::virtual_memory)); the CUDA
+    ///   allocator given exactly these defaults on a GPU without it uses segments instead.
     pub fn cachalot() -> Settings {
         Settings {
             thread_cache_blocks: THREAD_CACHE_BLOCKS,

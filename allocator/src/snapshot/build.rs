@@ -26,9 +26,10 @@ use crate::policy::SegmentInfo;
 use crate::settings::Settings;
 use crate::sizes::Pool;
 
+use super::frames::{Frame, FrameTable, StackId};
 use super::{
-    Action, AllocatorSettings, BlockState as SnapBlock, BlockStatus, DeviceTrace, Frame,
-    FrameTable, SegmentState, SegmentType, Snapshot, StackId, TraceEntry,
+    Action, AllocatorSettings, BlockState as SnapBlock, BlockStatus, DeviceTrace, SegmentState,
+    SegmentType, Snapshot, TraceEntry,
 };
 
 /// The snapshot of one device's allocator: its segments (`segments`, e.g. from
@@ -76,7 +77,7 @@ pub fn segment_states(segments: &[SegmentInfo], device: usize) -> Vec<SegmentSta
                 .map(|b| SnapBlock {
                     address: b.address,
                     size: b.size,
-                    requested_size: if b.state == crate::BlockState::Free {
+                    requested_size: if b.state == crate::block::BlockPhase::Free {
                         0
                     } else {
                         b.requested
@@ -111,11 +112,11 @@ pub fn segment_states(segments: &[SegmentInfo], device: usize) -> Vec<SegmentSta
 }
 
 /// PyTorch's name for a block state.
-pub fn block_status(state: crate::BlockState) -> BlockStatus {
+pub fn block_status(state: crate::block::BlockPhase) -> BlockStatus {
     match state {
-        crate::BlockState::Free => BlockStatus::Inactive,
-        crate::BlockState::Allocated => BlockStatus::ActiveAllocated,
-        crate::BlockState::Pending => BlockStatus::ActivePendingFree,
+        crate::block::BlockPhase::Free => BlockStatus::Inactive,
+        crate::block::BlockPhase::Allocated => BlockStatus::ActiveAllocated,
+        crate::block::BlockPhase::Pending => BlockStatus::ActivePendingFree,
     }
 }
 
@@ -313,7 +314,9 @@ pub fn allocator_settings(settings: &Settings) -> AllocatorSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{CachingCore, SimDevice, StreamId};
+    use crate::backend::StreamId;
+    use crate::backend::sim::SimDevice;
+    use crate::policy::CachingCore;
 
     #[test]
     fn pending_and_free_blocks_are_summed_as_pytorch_sums_them() {

@@ -26,9 +26,9 @@
 //! `CudaAllocator::record_history`) and writes it with `dump_snapshot`; [`snapshot_of`] and
 //! [`write_snapshot`] are the pieces underneath, also used by `cachalot replay --snapshot-out`.
 
-mod build;
+pub(crate) mod build;
 mod frames;
-mod write;
+pub(crate) mod write;
 
 pub use build::{
     allocator_settings, block_status, live_snapshot, segment_states, snapshot_of, trace_entries,

@@ -6,9 +6,9 @@
 use std::collections::HashMap;
 use std::io::{self, Write};
 
+use super::frames::{FrameTable, StackId};
 use super::{
-    Action, AllocatorSettings, BlockState, DeviceTrace, FrameTable, SegmentState, Snapshot,
-    StackId, TraceEntry,
+    Action, AllocatorSettings, BlockState, DeviceTrace, SegmentState, Snapshot, TraceEntry,
 };
 
 /// Writes `snapshot` as a pickle in the format of `torch.cuda.memory._dump_snapshot()`, so that

@@ -3,7 +3,7 @@
 
 use cachalot::sizes::Pool;
 use cachalot::{
-    AdoptedBlock, AdoptedSegment, AdoptedState, BackendError, BlockState, CachingCore, Error,
+    AdoptedBlock, AdoptedSegment, AdoptedState, BackendError, BlockPhase, CachingCore, Error,
     Faults, SegmentInfo, Settings, SimDevice, StreamId,
 };
 
@@ -156,9 +156,9 @@ pub(super) fn layout(segments: Vec<SegmentInfo>) -> Vec<SegmentView> {
                 .iter()
                 .map(|b| {
                     let kind = match b.state {
-                        BlockState::Free => BlockKind::Free,
-                        BlockState::Allocated => BlockKind::Allocated,
-                        BlockState::Pending => BlockKind::Pending,
+                        BlockPhase::Free => BlockKind::Free,
+                        BlockPhase::Allocated => BlockKind::Allocated,
+                        BlockPhase::Pending => BlockKind::Pending,
                     };
                     BlockView {
                         address: b.address,

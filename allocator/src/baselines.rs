@@ -1,18 +1,21 @@
-//! The allocators cachalot is compared with, for benchmarks: CUDA's stream-ordered memory pool
-//! ([`StreamOrderedPool`], `cuMemAllocFromPoolAsync` / `cuMemFreeAsync`) and plain
-//! `cuMemAlloc` / `cuMemFree` ([`DriverMalloc`]), as `benches/gpu_compare.rs` runs
-//! them next to cachalot (docs/GPU_BENCH.md).
+//! The allocators cachalot is measured against (feature `baselines`): CUDA's stream-ordered
+//! memory pool ([`StreamOrderedPool`], `cuMemAllocFromPoolAsync` / `cuMemFreeAsync`) and plain
+//! `cuMemAlloc` / `cuMemFree` ([`DriverMalloc`]), as safe owned-handle wrappers, for the
+//! side-by-side benchmark (`benches/gpu_compare.rs`, docs/GPU_BENCH.md) that runs them next to
+//! cachalot. Nothing here is needed to use cachalot: its allocator is
+//! [`CudaAllocator`](crate::cuda::CudaAllocator).
 //!
 //! The one rule: these are the driver's allocators as they are, with no policy of cachalot's
 //! added — each call is one driver call (plus making the context current) — behind safe
-//! wrappers. Besides `backend.rs`, this is the only file of cachalot with `unsafe` blocks that
-//! reach the driver, each with a `// SAFETY:` comment. An allocation is an owned handle
-//! ([`PoolBlock`], [`DriverBlock`]) that only the allocator that made it takes back, so a safe
-//! caller can never free memory it does not own; errors are values (out of memory told apart
-//! by [`BaselineError::is_out_of_memory`]), never panics.
+//! wrappers. Besides the CUDA backend (`backend/cuda.rs` and `backend/cuda/vmm.rs`), this is
+//! the only file of cachalot with `unsafe` blocks that reach the driver, each with a
+//! `// SAFETY:` comment. An allocation is an owned handle ([`PoolBlock`], [`DriverBlock`]) that
+//! only the allocator that made it takes back, so a safe caller can never free memory it does
+//! not own; errors are values (out of memory told apart by
+//! [`BaselineError::is_out_of_memory`]), never panics.
 //!
 //! ```no_run
-//! use cachalot::cuda::baselines::StreamOrderedPool;
+//! use cachalot::baselines::StreamOrderedPool;
 //! use cudarc::driver::CudaContext;
 //!
 //! let ctx = CudaContext::new(0)?;
@@ -32,7 +35,7 @@ use std::ffi::c_void;
 use cudarc::driver::sys::{self, CUresult};
 use cudarc::driver::{CudaContext, CudaStream, DriverError, result};
 
-use super::backend::device_location;
+use crate::backend::cuda::vmm::device_location;
 use crate::sync::real::{Arc, AtomicU64, Ordering};
 
 /// What the baselines' calls fail with.
