@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::ops::{OpsError, OpsProgram};
+
 /// The format name every run file carries.
 pub const SCHEMA: &str = "cachalot gpu-bench v1";
 
@@ -57,6 +59,9 @@ pub enum BenchError {
         /// What is wrong with it.
         message: String,
     },
+    /// An ops file beside the runs (`ops/TRACE.ops`) is not a `cachalot ops v1` program.
+    #[error(transparent)]
+    Ops(#[from] OpsError),
     /// The directory holds no runs.
     #[error("{0}: no run files (runs/*.json)")]
     Empty(PathBuf),
@@ -262,11 +267,8 @@ pub fn load(dir: &Path) -> Result<Results, BenchError> {
     for trace in results.trace_names() {
         let ops = dir.join("ops").join(format!("{trace}.ops"));
         if let Ok(text) = std::fs::read_to_string(&ops) {
-            let peak = peak_in_use(&text).map_err(|message| BenchError::Format {
-                path: ops.clone(),
-                message,
-            })?;
-            results.in_use.insert(trace, peak);
+            let program = OpsProgram::parse(&ops.display().to_string(), &text)?;
+            results.in_use.insert(trace, program.peak_in_use());
         }
     }
     results.traces.sort_by(|a, b| {
@@ -289,67 +291,6 @@ pub fn load(dir: &Path) -> Result<Results, BenchError> {
         ))
     });
     Ok(results)
-}
-
-/// The most bytes in use at once in a `cachalot ops v1` program, its start included: live
-/// allocations plus frees held back behind a side stream (`r ID SIDE`, `f ID`, … `c SIDE`).
-///
-/// ```
-/// use cachalot_tools::gpubench::peak_in_use;
-/// // 10 live, then 10 more; the first is freed behind side stream 0, which completes last.
-/// let ops = "# cachalot ops v1\ns\na 0 10 0\na 1 10 0\nr 0 0\nf 0\na 2 5 0\nc 0\n";
-/// assert_eq!(peak_in_use(ops), Ok(25));
-/// assert!(peak_in_use("s\nx 1\n").unwrap_err().contains("line 2"));
-/// ```
-pub fn peak_in_use(ops: &str) -> Result<u64, String> {
-    let mut live: BTreeMap<u64, u64> = BTreeMap::new();
-    let mut recorded: BTreeMap<u64, u64> = BTreeMap::new(); // handle -> side
-    let mut held: BTreeMap<u64, u64> = BTreeMap::new(); // side -> bytes
-    let (mut now, mut peak) = (0u64, 0u64);
-    for (i, line) in ops.lines().enumerate() {
-        let bad = |what: &str| format!("line {}: {what}: {line:?}", i + 1);
-        let mut f = line.split(' ');
-        let kind = f.next().unwrap_or("");
-        let mut num = || -> Result<u64, String> {
-            f.next()
-                .and_then(|x| x.parse().ok())
-                .ok_or_else(|| bad("a number was expected"))
-        };
-        match kind {
-            "" | "s" | "e" => {}
-            k if k.starts_with('#') => {}
-            "a" => {
-                let (id, size) = (num()?, num()?);
-                if live.insert(id, size).is_some() {
-                    return Err(bad("a handle allocated twice"));
-                }
-                now += size;
-                peak = peak.max(now);
-            }
-            "r" => {
-                let (id, side) = (num()?, num()?);
-                if live.contains_key(&id) {
-                    recorded.insert(id, side);
-                }
-            }
-            "f" => {
-                let id = num()?;
-                if let Some(size) = live.remove(&id) {
-                    match recorded.remove(&id) {
-                        Some(side) => *held.entry(side).or_default() += size,
-                        None => now -= size,
-                    }
-                }
-            }
-            "c" => {
-                if let Some(size) = held.remove(&num()?) {
-                    now -= size;
-                }
-            }
-            _ => return Err(bad("not an operation")),
-        }
-    }
-    Ok(peak)
 }
 
 /// Synthetic workloads after the recorded traces.

@@ -11,6 +11,7 @@ pub mod explain;
 pub mod export;
 pub mod fit;
 pub mod gpubench;
+pub mod ops;
 pub mod replay;
 pub mod selfcheck;
 pub mod snapshot;
