@@ -5,7 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
-use cachalot_tools::gpubench::{self, Results, WHOLE_TRACE, allocator_label};
+use cachalot_tools::bench::report::{self, Results, WHOLE_TRACE, allocator_label};
+use cachalot_tools::bench::tables;
 use plotters::prelude::*;
 
 use super::CliError;
@@ -23,18 +24,18 @@ pub struct BenchReportArgs {
 
 /// Runs `cachalot bench-report`.
 pub fn run(args: &BenchReportArgs) -> Result<(), CliError> {
-    let results = gpubench::load(&args.dir).map_err(|e| CliError::input(e.to_string()))?;
+    let results = report::load(&args.dir).map_err(|e| CliError::input(e.to_string()))?;
     let out = args.out.clone().unwrap_or_else(|| args.dir.clone());
     std::fs::create_dir_all(&out).map_err(|e| CliError::run(format!("{}: {e}", out.display())))?;
     let write = |name: &str, text: &str| {
         let path = out.join(name);
         std::fs::write(&path, text).map_err(|e| CliError::run(format!("{}: {e}", path.display())))
     };
-    let json = serde_json::to_string_pretty(&gpubench::results_json(&results))
+    let json = serde_json::to_string_pretty(&tables::results_json(&results))
         .map_err(|e| CliError::run(e.to_string()))?;
     write("results.json", &(json + "\n"))?;
-    write("results.csv", &gpubench::csv(&results))?;
-    let mut md = gpubench::markdown(&results);
+    write("results.csv", &tables::csv(&results))?;
+    let mut md = tables::markdown(&results);
     md.push_str("\n## Plots\n\n");
     for name in plots(&results, &out)? {
         md.push_str(&format!("- [{name}]({name})\n"));
