@@ -185,3 +185,48 @@ pub fn downsample(points: &[(u64, u64, u64)]) -> Timeline {
     }
     t
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_written_record_reads_back_as_itself() {
+        let run = TraceRun {
+            allocator: "cachalot".into(),
+            trace: "t".into(),
+            lines: 3,
+            total_lines: 3,
+            allocs: 2,
+            peak_requested: 1 << 40,
+            peak_reserved: u64::MAX,
+            reserved_changes: Some(1),
+            cache_hits: Some(1),
+            ns_per_op_first: Some(12.5),
+            timeline: Some(downsample(&[(0, 0, 0), (1, 5, 7)])),
+            notes: Some(String::new()),
+            ..TraceRun::default()
+        };
+        let text = serde_json::to_string_pretty(&RunFile::trace(&run)).unwrap();
+        assert!(
+            text.starts_with("{\n  \"schema\": \"cachalot gpu-bench v1\",\n  \"kind\": \"trace\",\n  \"allocator\": \"cachalot\",")
+        );
+        assert!(!text.contains("\"error\""));
+        assert_eq!(serde_json::from_str::<TraceRun>(&text).unwrap(), run);
+        let hot = HotLoop {
+            allocator: "cachalot".into(),
+            path: "allocator".into(),
+            size: 1 << 20,
+            threads: vec![1, 2],
+            pairs_per_thread: vec![4, 2],
+            wall_ns_per_pair: vec![1.5, 0.75],
+            ns_per_pair_per_thread: vec![1.5, 1.5],
+            error: None,
+        };
+        let text = serde_json::to_string(&RunFile::hot_loop(&hot)).unwrap();
+        assert!(text.starts_with(
+            "{\"schema\":\"cachalot gpu-bench v1\",\"kind\":\"hot_loop\",\"allocator\""
+        ));
+        assert_eq!(serde_json::from_str::<HotLoop>(&text).unwrap(), hot);
+    }
+}
