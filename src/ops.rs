@@ -50,8 +50,8 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::replay::StartMode;
-use crate::snapshot::{ReplayOp, ReplayProgram};
+use crate::replay::program::{ReplayOp, ReplayProgram};
+use crate::replay::start::StartMode;
 
 /// The first line of every file.
 pub const FIRST_LINE: &str = "# cachalot ops v1";

@@ -9,10 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use cachalot_tools::ops::{OpsError, OpsProgram};
-use cachalot_tools::replay::{ReplayConfig, StartMode, replay};
-use cachalot_tools::snapshot::{
-    Action, ReplayOp, ReplayProgram, SnapshotExt, read_figures, read_snapshot,
+use cachalot_tools::replay::{
+    ReplayConfig, ReplayOp, ReplayProgram, SnapshotExt, StartMode, replay,
 };
+use cachalot_tools::snapshot::{Action, read_figures, read_snapshot};
 
 mod common;
 use common::{fixtures_root, recorded_config, traces};

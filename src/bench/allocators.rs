@@ -13,7 +13,8 @@ use cachalot::{Allocator, Backend, CachingCore, Error, Settings, SimDevice, Stre
 
 use super::error::{Failure, fail, run_err};
 use crate::ops::OpsProgram;
-use crate::replay::{HeldBackDevice, side_stream};
+use crate::replay::held::HeldBackDevice;
+use crate::replay::interpret::side_stream;
 
 /// The simulated device of `--backend sim`: an H200's 141 GiB.
 pub const SIM_CAPACITY: u64 = 141 << 30;

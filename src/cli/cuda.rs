@@ -21,9 +21,8 @@ use cachalot::cuda::cudarc::driver::CudaContext;
 use cachalot::cuda::{CudaBackend, device_count, stream_id};
 use cachalot::{Backend, CachingCore};
 use cachalot_tools::replay::{
-    HeldBackDevice, ReplayConfig, ReplayOutcome, replay_on_with_progress,
+    HeldBackDevice, ReplayConfig, ReplayOp, ReplayOutcome, ReplayProgram, replay_on_with_progress,
 };
-use cachalot_tools::snapshot::{ReplayOp, ReplayProgram};
 
 use super::CliError;
 

@@ -12,8 +12,7 @@ use cachalot_tools::fit::{
     self, Attempt, GRANULE, Limit, POLICIES, Policy, Problem, Reserve, Search, default_reserve,
     min_device_bytes, usable_bytes,
 };
-use cachalot_tools::replay::StartMode;
-use cachalot_tools::snapshot::ReplayOp;
+use cachalot_tools::replay::{ReplayOp, StartMode};
 use serde::Serialize;
 
 use super::CliError;

@@ -17,6 +17,7 @@ pub fn render(trace: &Trace, config: &ReplayConfig) -> String {
     let program = &trace.program;
     let mut ops = OpsProgram::from_replay(program, config.start);
     let (start_allocs, allocs) = ops.allocs();
+    let recorded = trace.recorded();
     let start = match (config.start, &trace.start) {
         (_, Err(_)) => "empty (the start could not be rebuilt)".to_string(),
         (_, Ok(s)) if s.is_fresh() => "fresh".to_string(),
@@ -36,16 +37,16 @@ pub fn render(trace: &Trace, config: &ReplayConfig) -> String {
         ("start", start),
         (
             "recorded_conf",
-            trace
-                .recorded_conf()
+            recorded
+                .conf
                 .filter(|c| !c.is_empty())
                 .unwrap_or("-")
                 .to_string(),
         ),
         (
             "recorded_memory_fraction",
-            trace
-                .recorded_fraction()
+            recorded
+                .memory_fraction
                 .map_or("-".to_string(), |f| f.to_string()),
         ),
         ("settings", config.settings.to_string()),

@@ -7,8 +7,9 @@
 use cachalot::Settings;
 use serde::Serialize;
 
-use crate::replay::{ReplayConfig, ReplayError, StartMode, replay};
-use crate::snapshot::{ReplayOp, ReplayProgram};
+use crate::replay::engine::{ReplayConfig, ReplayError, replay};
+use crate::replay::program::{ReplayOp, ReplayProgram};
+use crate::replay::start::StartMode;
 use crate::units::human;
 
 use super::Breakdown;

@@ -14,8 +14,12 @@ use cachalot::sizes::Pool;
 use cachalot::{BlockState, Settings};
 use serde::Serialize;
 
-use crate::replay::{ReplayError, Sample, StartMode, Stepper};
-use crate::snapshot::{FrameTable, ReplayProgram, Snapshot};
+use cachalot::snapshot::{FrameTable, Snapshot, StackId};
+
+use crate::replay::engine::{ReplayError, Sample};
+use crate::replay::program::ReplayProgram;
+use crate::replay::start::StartMode;
+use crate::replay::step::Stepper;
 
 pub mod advice;
 pub mod html;
@@ -196,9 +200,9 @@ pub fn breakdown(stepper: &Stepper, origins: &[Origin], frames: &FrameTable) -> 
     let trace_entry = op.and_then(|i| stepper.program().op_entries.get(i).copied());
     let mut groups: Vec<Group> = Vec::new();
     let mut by_key: HashMap<String, usize> = HashMap::new();
-    let mut summaries: HashMap<(Option<crate::snapshot::StackId>, bool), StackSummary> =
+    let mut summaries: HashMap<(Option<StackId>, bool), StackSummary> =
         HashMap::new();
-    let mut largest_stack: Vec<crate::snapshot::StackId> = Vec::new();
+    let mut largest_stack: Vec<StackId> = Vec::new();
     let mut free: HashMap<(u64, bool, bool), FreeBySize> = HashMap::new();
     let (mut live_bytes, mut live_requested, mut live_tensors) = (0u64, 0u64, 0usize);
     let (mut pending, mut free_bytes, mut releasable, mut stranded) = (0u64, 0u64, 0u64, 0u64);
@@ -236,7 +240,7 @@ pub fn breakdown(stepper: &Stepper, origins: &[Origin], frames: &FrameTable) -> 
                             Some(stack) => summarize(frames, stack, before),
                             None => stacks::unattributed(stacks::NOT_A_TENSOR),
                         });
-                    let stack = stack.unwrap_or(crate::snapshot::StackId::EMPTY);
+                    let stack = stack.unwrap_or(StackId::EMPTY);
                     let g = *by_key.entry(summary.key.clone()).or_insert_with(|| {
                         groups.push(Group {
                             label: summary.label.clone(),

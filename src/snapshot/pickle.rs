@@ -31,7 +31,7 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::io::Read;
 
-use super::read::ReadLimits;
+use super::limits::ReadLimits;
 
 /// Why decoding failed (the reader adds the file name).
 #[derive(Debug)]
