@@ -2,7 +2,7 @@
 //! [`BenchTarget`], with the semantics of docs/GPU_BENCH.md's table — the observed pass, which
 //! reads the allocator after every line, and the timed passes, which read nothing.
 //!
-//! The one rule: every allocator runs through [`State::step`]; the allocators differ only
+//! The one rule: every allocator runs through one step function (`State::step`); the allocators differ only
 //! behind [`BenchTarget`].
 
 use std::time::Instant;

@@ -200,8 +200,7 @@ pub fn breakdown(stepper: &Stepper, origins: &[Origin], frames: &FrameTable) -> 
     let trace_entry = op.and_then(|i| stepper.program().op_entries.get(i).copied());
     let mut groups: Vec<Group> = Vec::new();
     let mut by_key: HashMap<String, usize> = HashMap::new();
-    let mut summaries: HashMap<(Option<StackId>, bool), StackSummary> =
-        HashMap::new();
+    let mut summaries: HashMap<(Option<StackId>, bool), StackSummary> = HashMap::new();
     let mut largest_stack: Vec<StackId> = Vec::new();
     let mut free: HashMap<(u64, bool, bool), FreeBySize> = HashMap::new();
     let (mut live_bytes, mut live_requested, mut live_tensors) = (0u64, 0u64, 0usize);

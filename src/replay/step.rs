@@ -132,8 +132,8 @@ impl<'p> Stepper<'p> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::replay::{ReplayConfig, replay};
     use crate::replay::program::ReplayOp;
+    use crate::replay::{ReplayConfig, replay};
 
     fn program() -> ReplayProgram {
         let mut ops = Vec::new();

@@ -19,7 +19,8 @@ use cachalot::snapshot::{
 
 use super::error::SnapshotError;
 use super::limits::{MAX_SIZE, ReadLimits};
-use super::pickle::{self, DecodeError, Node, Pickle, Value};
+use super::pickle::arena::{DecodeError, Node, Pickle, Value};
+use super::pickle::machine::decode;
 
 /// Reads a snapshot file written by `torch.cuda.memory._dump_snapshot()` (or by
 /// [`write_snapshot`](super::write_snapshot)), plain or gzip-compressed, with the default
@@ -77,9 +78,9 @@ fn parse_from(
     limits: &ReadLimits,
 ) -> Result<Snapshot, SnapshotError> {
     let decoded = if gzip {
-        pickle::decode(flate2::read::MultiGzDecoder::new(src), true, None, limits)
+        decode(flate2::read::MultiGzDecoder::new(src), true, None, limits)
     } else {
-        pickle::decode(src, false, size_hint, limits)
+        decode(src, false, size_hint, limits)
     };
     let file = || name.to_string();
     let pickle = decoded.map_err(|e| match e {
@@ -109,14 +110,14 @@ pub fn decode_stats(bytes: &[u8]) -> Result<(u64, usize), String> {
     let gzip = bytes.starts_with(&[0x1f, 0x8b]);
     let limits = ReadLimits::default();
     let p = if gzip {
-        pickle::decode(
+        decode(
             flate2::read::MultiGzDecoder::new(bytes),
             true,
             None,
             &limits,
         )
     } else {
-        pickle::decode(bytes, false, None, &limits)
+        decode(bytes, false, None, &limits)
     }
     .map_err(|e| format!("{e:?}"))?;
     Ok((p.stored_values(), p.num_nodes()))
