@@ -9,7 +9,7 @@ use cachalot_tools::bench::report::{self, Results, WHOLE_TRACE, allocator_label}
 use cachalot_tools::bench::tables;
 use plotters::prelude::*;
 
-use super::CliError;
+use super::error::CliError;
 use super::plot;
 
 /// Arguments of `cachalot bench-report`.

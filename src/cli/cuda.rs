@@ -24,7 +24,7 @@ use cachalot_tools::replay::{
     HeldBackDevice, ReplayConfig, ReplayOp, ReplayOutcome, ReplayProgram, replay_on_with_progress,
 };
 
-use super::CliError;
+use super::error::CliError;
 
 /// What the GPU was.
 pub struct GpuInfo {

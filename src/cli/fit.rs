@@ -13,11 +13,12 @@ use cachalot_tools::fit::{
     min_device_bytes, usable_bytes,
 };
 use cachalot_tools::replay::{ReplayOp, StartMode};
+use cachalot_tools::units::{grouped, human};
 use serde::Serialize;
 
-use super::CliError;
+use super::error::CliError;
 use super::input::{self, Trace};
-use super::units::{self, grouped, human};
+use super::units;
 
 /// How `cachalot fit` models the limit (see `cachalot_tools::fit::Limit`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]

@@ -13,7 +13,7 @@ use cachalot_tools::replay::{
 };
 use cachalot_tools::snapshot::{Figures, Snapshot, read_figures_for, read_snapshot};
 
-use super::CliError;
+use super::error::CliError;
 
 /// A snapshot ready to replay.
 pub struct Trace {

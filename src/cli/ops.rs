@@ -9,7 +9,7 @@ use std::path::Path;
 use cachalot_tools::ops::OpsProgram;
 use cachalot_tools::replay::{ReplayConfig, StartMode};
 
-use super::CliError;
+use super::error::CliError;
 use super::input::Trace;
 
 /// The text of the program `config` replays, in the `cachalot ops v1` format.

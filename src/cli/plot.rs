@@ -12,7 +12,7 @@ use cachalot_tools::replay::Sample;
 use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::prelude::*;
 
-use super::CliError;
+use super::error::CliError;
 
 /// Most points per timeline series.
 pub const MAX_POINTS: usize = 3000;

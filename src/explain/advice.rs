@@ -12,7 +12,7 @@ use crate::replay::program::{ReplayOp, ReplayProgram};
 use crate::replay::start::StartMode;
 use crate::units::human;
 
-use super::Breakdown;
+use super::moment::Breakdown;
 
 /// The `max_split_size_mb` values tried.
 pub const MAX_SPLIT_CANDIDATES_MB: [u64; 4] = [64, 128, 256, 512];
