@@ -103,7 +103,7 @@ pub struct ReplayArgs {
     #[arg(long, value_enum, default_value_t = StartArg::Auto)]
     pub start: StartArg,
     /// Write the program the replay runs, one operation a line (`a ID SIZE STREAM`, `f ID`,
-    /// `r ID SIDE`, `c SIDE`, `e`, `s`; format in src/cli/ops.rs), for replaying the same
+    /// `r ID SIDE`, `c SIDE`, `e`, `s`; format in src/ops.rs), for replaying the same
     /// operations through another allocator (scripts/pytorch_replay.py). A trace recorded
     /// mid-run needs `--start live-tensors`: PyTorch's cached layout is no sequence of
     /// operations.
