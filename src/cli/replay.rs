@@ -13,11 +13,10 @@ use cachalot_tools::export::snapshot_of;
 use cachalot_tools::replay::{ReplayConfig, ReplayOutcome, StartMode, replay_with_progress};
 use cachalot_tools::selfcheck::{SelfCheck, check_final_state};
 use cachalot_tools::snapshot::{Figures, write_snapshot};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use serde::Serialize;
-
 use cachalot_tools::units::{grouped, human};
 use clap::ValueEnum;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde::Serialize;
 
 use super::error::CliError;
 use super::input::{self, Trace};
@@ -184,9 +183,7 @@ pub fn run(args: &ReplayArgs) -> Result<(), CliError> {
 pub fn start_mode(trace: &Trace, settings: &Settings) -> StartMode {
     match &trace.start {
         Err(_) => StartMode::Empty,
-        Ok(_) if trace.settings(true, true, None).ok().as_ref() == Some(settings) => {
-            StartMode::Exact
-        }
+        Ok(_) if trace.recorded().settings().ok().as_ref() == Some(settings) => StartMode::Exact,
         Ok(_) => StartMode::LiveTensors,
     }
 }
