@@ -2,7 +2,7 @@
 """Replay a cachalot ops file through PyTorch's own CUDA caching allocator, timed in C++.
 
 `cachalot replay TRACE --ops-out FILE` writes the operation program cachalot replays (format:
-src/cli/ops.rs, "cachalot ops v1"). This script runs the same program through
+src/ops.rs, "cachalot ops v1"). This script runs the same program through
 c10::cuda::CUDACachingAllocator on a real GPU, so that PyTorch's figures (max_memory_reserved,
 max_memory_allocated, memory_stats(), device allocations, ns per operation) stand beside
 cachalot's for exactly the same operations, under any PYTORCH_CUDA_ALLOC_CONF

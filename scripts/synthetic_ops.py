@@ -18,7 +18,7 @@ The committed traces come from real programs; these three stress what they do no
                          in between.
 
 The files are deterministic (fixed seeds, Python's `random`), written with the header that
-`cachalot replay --ops-out` writes (src/cli/ops.rs; `program_ops` counts the operation lines).
+`cachalot replay --ops-out` writes (src/ops.rs; `program_ops` counts the operation lines).
 
 Usage: python3 scripts/synthetic_ops.py OUTDIR
 """

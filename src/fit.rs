@@ -44,8 +44,11 @@
 use cachalot::{Settings, SettingsError};
 use serde::Serialize;
 
-use crate::replay::{Executed, ReplayError, StartMode, Stepper};
-use crate::snapshot::ReplayProgram;
+use crate::replay::engine::ReplayError;
+use crate::replay::interpret::Executed;
+use crate::replay::program::ReplayProgram;
+use crate::replay::start::StartMode;
+use crate::replay::step::Stepper;
 
 /// The step of the capacity search: 2 MiB, the granularity of every device allocation the
 /// allocator makes (small segments are 2 MiB, large ones a multiple of 2 MiB, rule 4).
@@ -364,7 +367,7 @@ pub fn default_reserve() -> Reserve {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::snapshot::ReplayOp;
+    use crate::replay::program::ReplayOp;
 
     /// Three 30 MiB tensors live at once, then one 50 MiB after the first two are freed: the
     /// 50 MiB needs its own segment unless the cache is released (rule 7d).

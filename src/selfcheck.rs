@@ -11,7 +11,7 @@ use cachalot::sizes::Pool;
 use cachalot::{BlockPhase, SegmentInfo};
 use serde::Serialize;
 
-use crate::snapshot::{BlockStatus, SegmentType, Snapshot};
+use cachalot::snapshot::{BlockStatus, SegmentState, SegmentType, Snapshot};
 
 /// The outcome of comparing a replay's final layout with the dump.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -105,7 +105,7 @@ pub fn check_final_state(layout: &[SegmentInfo], snapshot: &Snapshot, device: us
     }
 }
 
-fn block_difference(d: &crate::snapshot::SegmentState, o: &SegmentInfo) -> Option<String> {
+fn block_difference(d: &SegmentState, o: &SegmentInfo) -> Option<String> {
     let n = d.blocks.len().max(o.blocks.len());
     for k in 0..n {
         let (Some(db), Some(ob)) = (d.blocks.get(k), o.blocks.get(k)) else {

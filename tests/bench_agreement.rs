@@ -1,14 +1,10 @@
-//! `benches/gpu_compare.rs` (the Rust side of the GPU benchmark, docs/GPU_BENCH.md)
-//! on the simulated device agrees with `cachalot replay` and `cachalot compare` on the programs
+//! The side-by-side benchmark (`cachalot_tools::bench`, the program `gpu_compare`;
+//! docs/GPU_BENCH.md) on the simulated device agrees with `cachalot replay` and `cachalot compare` on the programs
 //! `cachalot replay --ops-out` writes: the same policy running the same program through the
 //! thread-safe front end holds exactly what the replay's policy core holds — PyTorch's
 //! settings, with expandable segments, and cachalot's own policy with thread caches off — with
 //! the same peak requested bytes, allocations and driver calls. With thread caches on (what the
 //! benchmark runs for `cachalot`) the figures may differ; the test prints both.
-
-#[path = "../benches/gpu_compare.rs"]
-#[allow(dead_code)]
-mod gpu_compare;
 
 mod common;
 
@@ -16,8 +12,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use cachalot::Settings;
+use cachalot_tools::bench::allocators::sim_cachalot;
+use cachalot_tools::bench::gpu_compare::run;
+use cachalot_tools::bench::interpret::observed_pass;
+use cachalot_tools::bench::options::Options;
+use cachalot_tools::bench::record::TraceRun;
+use cachalot_tools::ops::OpsProgram;
+use clap::Parser;
 use common::traces;
-use gpu_compare::{TraceRun, observed_pass, read_program, sim_cachalot};
 
 /// Traces with held-back frees (two_stream), `empty_cache` calls (empty_cache_loop) and
 /// neither (bert_infer), all recorded with PyTorch's defaults.
@@ -63,6 +65,7 @@ fn the_benchmark_on_the_simulated_device_holds_what_the_replay_holds() {
     let dir = scratch("agree");
     let out = dir.join("out");
     let mut args: Vec<String> = [
+        "gpu_compare",
         "--backend",
         "sim",
         "--out",
@@ -85,7 +88,8 @@ fn the_benchmark_on_the_simulated_device_holds_what_the_replay_holds() {
         args.push(ops_s.to_string());
         reports.push((name, ops, replay, compare));
     }
-    gpu_compare::run(&args).unwrap_or_else(|e| panic!("gpu_compare failed: {e}"));
+    run(&Options::try_parse_from(&args).unwrap())
+        .unwrap_or_else(|e| panic!("gpu_compare failed: {e}"));
 
     for (name, ops, replay, compare) in &reports {
         let results = compare["traces"][0]["results"]
@@ -108,7 +112,7 @@ fn the_benchmark_on_the_simulated_device_holds_what_the_replay_holds() {
             u64_of(replay, "peak_requested_bytes"),
             "{name}"
         );
-        assert_eq!(pytorch.allocs as u64, u64_of(replay, "allocs"), "{name}");
+        assert_eq!(pytorch.allocs, u64_of(replay, "allocs"), "{name}");
         assert_eq!(pytorch.ooms, u64_of(replay, "ooms"), "{name}");
         assert_eq!(
             pytorch.driver_calls,
@@ -117,15 +121,16 @@ fn the_benchmark_on_the_simulated_device_holds_what_the_replay_holds() {
         );
         let rate = replay["cache_hit_rate"].as_f64().unwrap();
         assert_eq!(
-            pytorch.cache_hits as u64,
+            pytorch.cache_hits.unwrap(),
             (rate * pytorch.allocs as f64).round() as u64,
             "{name}"
         );
         assert_eq!(pytorch.passes, 2);
         assert!(pytorch.ns_per_op_steady.is_some());
-        assert!(pytorch.timeline.line.len() <= 1000);
+        let timeline = pytorch.timeline.as_ref().unwrap();
+        assert!(timeline.line.len() <= 1000);
         assert_eq!(
-            pytorch.timeline.reserved.iter().max().copied(),
+            timeline.reserved.iter().max().copied(),
             Some(pytorch.peak_reserved),
             "{name}: the timeline keeps each bucket's maximum"
         );
@@ -148,7 +153,7 @@ fn the_benchmark_on_the_simulated_device_holds_what_the_replay_holds() {
 
         // cachalot's policy through the front end with thread caches off: compare's third
         // column (the replay drives the policy core, which has no thread caches).
-        let program = read_program(ops).unwrap();
+        let program = OpsProgram::read(ops).unwrap();
         let mut settings = Settings::cachalot();
         settings.thread_cache_blocks = 0;
         let mut target = sim_cachalot(settings, &program).unwrap();

@@ -1,16 +1,18 @@
-//! `benches/gpu_compare.rs` without a GPU (`--backend sim`, what CI runs): on a committed
-//! program (`tests/fixtures/ops/two_stream.ops`, written by `cachalot replay --pytorch --ops-out`, with
-//! held-back frees) it writes one valid `cachalot gpu-bench v1` object per allocator and hot
-//! loop, whose figures agree with the program itself; bad command lines and malformed ops files
-//! are refused with a clear message naming the file and line, never a panic.
-
-#[path = "../benches/gpu_compare.rs"]
-#[allow(dead_code)]
-mod gpu_compare;
+//! The side-by-side benchmark (`cachalot_tools::bench`, the program `gpu_compare`) without a
+//! GPU (`--backend sim`, what CI runs): on a committed program (`tests/fixtures/ops/two_stream.ops`,
+//! written by `cachalot replay --pytorch --ops-out`, with held-back frees) it writes one valid
+//! `cachalot gpu-bench v1` object per allocator and hot loop, whose figures agree with the
+//! program itself; bad command lines and missing ops files are refused with a clear message
+//! naming the option or the file, never a panic (malformed ops files: tests/ops_out.rs).
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
-use gpu_compare::{Failure, HotRun, TraceRun, downsample, parse_options, parse_program, run};
+use cachalot_tools::bench::error::Failure;
+use cachalot_tools::bench::gpu_compare::run;
+use cachalot_tools::bench::options::Options;
+use cachalot_tools::bench::record::{HotLoop, TraceRun, downsample};
+use clap::Parser;
 
 const TWO_STREAM: &str = include_str!("fixtures/ops/two_stream.ops");
 
@@ -24,11 +26,12 @@ fn scratch(test: &str) -> PathBuf {
     dir
 }
 
-fn args(list: &[&str]) -> Vec<String> {
-    list.iter().map(|s| s.to_string()).collect()
+fn options(list: &[&str]) -> Result<Options, clap::Error> {
+    Options::try_parse_from(std::iter::once("gpu_compare").chain(list.iter().copied()))
 }
 
-fn read<T: serde::de::DeserializeOwned>(path: &Path) -> T {
+/// A run file: its record, after checking its schema and kind.
+fn read<T: serde::de::DeserializeOwned>(path: &Path, kind: &str) -> T {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let value: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(
@@ -37,15 +40,18 @@ fn read<T: serde::de::DeserializeOwned>(path: &Path) -> T {
         "{}",
         path.display()
     );
+    assert_eq!(value["kind"], kind, "{}", path.display());
+    // Only a failed run names an error.
+    assert!(value.get("error").is_none(), "{}", path.display());
     serde_json::from_value(value).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// What the program itself says, counted here without the example's interpreter: the lines
+/// What the program itself says, counted here without the benchmark's interpreter: the lines
 /// after `s`, its `a` lines, and the peak of live requested bytes (a free held back by an `r`
 /// line no longer counts, as the benchmark counts it).
-fn program_figures(text: &str) -> (usize, usize, u64) {
+fn program_figures(text: &str) -> (u64, u64, u64) {
     let mut after_s = false;
-    let (mut lines, mut allocs) = (0, 0);
+    let (mut lines, mut allocs) = (0u64, 0u64);
     let mut live = std::collections::HashMap::new();
     let (mut requested, mut peak) = (0u64, 0u64);
     for line in text.lines().filter(|l| !l.starts_with('#')) {
@@ -62,7 +68,7 @@ fn program_figures(text: &str) -> (usize, usize, u64) {
             b'a' => {
                 live.insert(f[0], f[1]);
                 requested += f[1];
-                allocs += usize::from(after_s);
+                allocs += u64::from(after_s);
             }
             b'f' => requested -= live.remove(&f[0]).unwrap_or(0),
             _ => {}
@@ -81,7 +87,7 @@ fn the_simulated_run_writes_one_valid_result_per_allocator_and_hot_loop() {
     let ops = dir.join("two_stream.ops");
     std::fs::write(&ops, TWO_STREAM).unwrap();
     let out = dir.join("out");
-    let a = args(&[
+    let o = options(&[
         "--backend",
         "sim",
         "--out",
@@ -91,8 +97,9 @@ fn the_simulated_run_writes_one_valid_result_per_allocator_and_hot_loop() {
         "--hot-pairs",
         "4000",
         ops.to_str().unwrap(),
-    ]);
-    run(&a).unwrap_or_else(|e| panic!("gpu_compare failed: {e}"));
+    ])
+    .unwrap();
+    run(&o).unwrap_or_else(|e| panic!("gpu_compare failed: {e}"));
 
     let (lines, allocs, peak_requested) = program_figures(TWO_STREAM);
     assert!(lines > 0 && allocs > 0 && peak_requested > 0);
@@ -117,11 +124,9 @@ fn the_simulated_run_writes_one_valid_result_per_allocator_and_hot_loop() {
         let r: TraceRun = read(
             &out.join("runs")
                 .join(format!("{allocator}__two_stream.json")),
+            "trace",
         );
-        assert_eq!(
-            (r.kind.as_str(), r.allocator.as_str()),
-            ("trace", allocator)
-        );
+        assert_eq!(r.allocator, allocator);
         assert_eq!(r.trace, "two_stream");
         assert_eq!((r.lines, r.total_lines), (lines, lines));
         assert_eq!(r.allocs, allocs);
@@ -136,26 +141,26 @@ fn the_simulated_run_writes_one_valid_result_per_allocator_and_hot_loop() {
         assert!((r.ratio.unwrap() - ratio).abs() < 1e-12);
         let calls = r.driver_calls.expect("cachalot counts its driver calls");
         assert!(calls > 0 && r.driver_calls_detail.is_some());
-        assert!(r.cache_hits <= r.allocs && r.reserved_changes > 0);
-        assert!((r.hit_rate.unwrap() - r.cache_hits as f64 / r.allocs as f64).abs() < 1e-12);
+        let hits = r.cache_hits.expect("cache hits counted");
+        assert!(hits <= r.allocs && r.reserved_changes.expect("changes counted") > 0);
+        assert!((r.hit_rate.unwrap() - hits as f64 / r.allocs as f64).abs() < 1e-12);
         assert_eq!(r.passes, 2);
-        assert!(r.ns_per_op_first > 0.0 && r.ns_per_op_steady.unwrap() > 0.0);
+        assert!(r.ns_per_op_first.unwrap() > 0.0 && r.ns_per_op_steady.unwrap() > 0.0);
         // Fewer lines than points allowed: one point after `s` and one after each line.
-        let t = &r.timeline;
+        let t = r.timeline.as_ref().expect("a timeline");
         assert_eq!(t.line, (0..=lines).collect::<Vec<_>>());
-        assert_eq!(t.requested.len(), lines + 1);
+        assert_eq!(t.requested.len() as u64, lines + 1);
         assert_eq!(t.requested.iter().max(), Some(&r.peak_requested));
         assert_eq!(t.reserved.iter().max(), Some(&r.peak_reserved));
-        assert!(r.notes.contains("simulated"));
+        assert!(r.notes.as_deref().unwrap().contains("simulated"));
+        assert_eq!(r.error, None);
 
-        let h: HotRun = read(
+        let h: HotLoop = read(
             &out.join("runs")
                 .join(format!("{allocator}__hot__allocator.json")),
+            "hot_loop",
         );
-        assert_eq!(
-            (h.kind.as_str(), h.path.as_str()),
-            ("hot_loop", "allocator")
-        );
+        assert_eq!(h.path, "allocator");
         assert_eq!(h.size, 1 << 20);
         assert_eq!(h.threads, [1, 2, 4, 8]);
         assert_eq!(h.pairs_per_thread, [4000, 2000, 1000, 500]);
@@ -169,8 +174,8 @@ fn the_simulated_run_writes_one_valid_result_per_allocator_and_hot_loop() {
 
 #[test]
 fn the_timeline_keeps_at_most_1000_points_each_its_buckets_maximum() {
-    let points: Vec<(usize, u64, u64)> = (0..2500)
-        .map(|i| (i, (i as u64 * 7919) % 1000, (i as u64 * 104_729) % 5000))
+    let points: Vec<(u64, u64, u64)> = (0..2500)
+        .map(|i| (i, (i * 7919) % 1000, (i * 104_729) % 5000))
         .collect();
     let t = downsample(&points);
     assert!(
@@ -182,6 +187,7 @@ fn the_timeline_keeps_at_most_1000_points_each_its_buckets_maximum() {
     assert_eq!(t.reserved.len(), t.line.len());
     // Buckets of 3 consecutive points.
     for (k, &line) in t.line.iter().enumerate() {
+        let line = line as usize;
         let bucket = &points[line..(line + 3).min(points.len())];
         assert_eq!(t.requested[k], bucket.iter().map(|p| p.1).max().unwrap());
         assert_eq!(t.reserved[k], bucket.iter().map(|p| p.2).max().unwrap());
@@ -194,114 +200,117 @@ fn the_timeline_keeps_at_most_1000_points_each_its_buckets_maximum() {
     assert_eq!(short.line, (0..10).collect::<Vec<_>>());
 }
 
-fn input_error(text: &str) -> String {
-    match parse_program("bad", "bad.ops", text) {
-        Err(Failure::Input(m)) => m,
-        Err(other) => panic!("not an input error: {other}"),
-        Ok(_) => panic!("accepted: {text:?}"),
-    }
-}
-
-#[test]
-fn malformed_ops_files_are_refused_naming_the_file_and_line() {
-    let head = "# cachalot ops v1\n# handles: 2\n";
-    for (body, line, words) in [
-        ("s\na 0 10\n", 4, "takes 3"),
-        ("s\na 0 ten 0\n", 4, "not a decimal number"),
-        ("s\nx 1\n", 4, "unknown operation"),
-        ("s\na 0 10 0\na 0 10 0\n", 5, "allocated again while live"),
-        ("s\na 0 10 0\nr 0 0\nc 0\n", 5, "followed directly by `f 0`"),
-        ("s\na 0 10 0\nr 0 0\n", 5, "followed directly by `f 0`"),
-        ("s\ns\n", 4, "a second `s`"),
-        ("a 0 10 0\n", 0, "no `s` line"),
-        ("s\nf -1\n", 4, "not a decimal number"),
-    ] {
-        let m = input_error(&format!("{head}{body}"));
-        let at = if line == 0 {
-            "bad.ops: ".to_string()
-        } else {
-            format!("bad.ops:{line}: ")
-        };
-        assert!(m.starts_with(&at), "{m:?} for {body:?}");
-        assert!(m.contains(words), "{m:?} for {body:?}");
-    }
-    let m = input_error("a 0 10 0\ns\n");
-    assert!(
-        m.starts_with("bad.ops:1: ") && m.contains("cachalot ops v1"),
-        "{m}"
-    );
-    // Well formed: frees of handles never allocated (an empty start) are allowed.
-    let p = parse_program(
-        "ok",
-        "ok.ops",
-        &format!("{head}a 5 1 3\ns\nf 9\nr 5 5\nf 5\nc 5\ne\n"),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!((p.start.len(), p.trace.len()), (1, 5));
-    assert_eq!(
-        (p.handles, p.streams, p.sides),
-        (vec![5, 9], vec![3], vec![5])
-    );
-}
-
 #[test]
 fn bad_command_lines_are_refused_with_the_usage() {
     for (list, words) in [
-        (&["x.ops"][..], "--out DIR is required"),
-        (&["--out", "d"][..], "no ops files"),
+        (&["x.ops"][..], "--out <DIR>"),
+        (&["--out", "d"][..], "<OPS>"),
         (
             &["--out", "d", "--backend", "tpu", "x.ops"][..],
-            "must be cuda or sim",
+            "cuda, sim",
         ),
-        (&["--out", "d", "--passes", "0", "x.ops"][..], "at least 1"),
+        (
+            &["--out", "d", "--passes", "0", "x.ops"][..],
+            "must be at least 1",
+        ),
         (
             &["--out", "d", "--passes", "many", "x.ops"][..],
             "not a whole number",
+        ),
+        (
+            &["--out", "d", "--hot-pairs", "7", "x.ops"][..],
+            "at least 8",
         ),
         (
             &["--out", "d", "--only", "jemalloc", "x.ops"][..],
             "unknown allocator",
         ),
         (
-            &["--out", "d", "--frobnicate", "x.ops"][..],
-            "unknown option",
+            &["--out", "d", "--only", ",", "x.ops"][..],
+            "no allocator named",
         ),
-        (&["--out"][..], "needs a directory"),
+        (
+            &["--out", "d", "--cachalot-config", "frobnicate:1", "x.ops"][..],
+            "--cachalot-config",
+        ),
+        (&["--out", "d", "--frobnicate", "x.ops"][..], "--frobnicate"),
+        (&["--out"][..], "--out <DIR>"),
     ] {
-        match parse_options(&args(list)) {
-            Err(e @ Failure::Usage(_)) => {
-                let m = e.to_string();
+        match options(list) {
+            Err(e) => {
+                let m = e.render().to_string();
+                assert_eq!(e.exit_code(), 2, "{list:?}: {m}");
+                // clap's message names the option; it shows the usage or points to --help.
+                assert!(m.contains(words), "{m:?}");
                 assert!(
-                    m.contains(words) && m.contains("usage: gpu_compare"),
+                    m.contains("Usage: gpu_compare") || m.contains("try '--help'"),
                     "{m:?}"
                 );
             }
-            other => panic!("{list:?}: {other:?}"),
+            Ok(o) => panic!("{list:?}: {o:?}"),
         }
     }
-    let o = parse_options(&args(&[
-        "--out",
-        "d",
-        "--no-traces",
-        "--only",
-        "cumemalloc,cachalot",
-    ]))
-    .unwrap();
+    let o = options(&["--out", "d", "--no-traces", "--only", "cumemalloc,cachalot"]).unwrap();
     // The run order, whatever the order given.
-    assert_eq!(o.only, ["cachalot", "cumemalloc"]);
+    assert_eq!(o.only.0, ["cachalot", "cumemalloc"]);
     assert!(!o.traces && o.hot && o.ops.is_empty());
+    // The defaults; an option given twice: the last.
+    let o = options(&["--out", "d", "--passes", "5", "--passes", "2", "x.ops"]).unwrap();
+    assert_eq!(
+        (o.passes, o.malloc_prefix, o.hot_pairs),
+        (2, 4000, 2_000_000)
+    );
+    assert_eq!(o.only.0.len(), 5);
+    assert!(o.traces && o.hot && o.cachalot_config.is_none());
     // A missing file is an input error naming it, before anything runs.
     let dir = scratch("missing");
     let missing = dir.join("nowhere.ops");
-    let a = args(&[
+    let o = options(&[
         "--backend",
         "sim",
         "--out",
         dir.to_str().unwrap(),
         missing.to_str().unwrap(),
-    ]);
-    match run(&a) {
+    ])
+    .unwrap();
+    match run(&o) {
         Err(Failure::Input(m)) => assert!(m.contains("nowhere.ops"), "{m}"),
         other => panic!("{other:?}"),
     }
+}
+
+#[test]
+fn the_example_prints_its_usage_on_help_and_refuses_a_bad_command_line_with_code_2() {
+    // The example is built with the tests only when asked: run it where cargo put it.
+    let exe = Path::new(env!("CARGO_BIN_EXE_cachalot"))
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join(format!("gpu_compare{}", std::env::consts::EXE_SUFFIX));
+    if !exe.exists() {
+        eprintln!("skipped: {} not built", exe.display());
+        return;
+    }
+    let help = Command::new(&exe).arg("--help").output().unwrap();
+    assert!(help.status.success());
+    let text = String::from_utf8_lossy(&help.stdout);
+    for flag in [
+        "--out",
+        "--backend",
+        "--passes",
+        "--malloc-prefix",
+        "--only",
+        "--hot-pairs",
+        "--no-hot",
+        "--no-traces",
+        "--cachalot-config",
+    ] {
+        assert!(text.contains(flag), "{flag} in {text}");
+    }
+    let bad = Command::new(&exe)
+        .arg("--passes")
+        .arg("0")
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
 }

@@ -251,3 +251,65 @@ fn a_file_that_is_not_a_run_is_refused_by_name() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("no run files"));
     let _ = std::fs::remove_dir_all(&empty);
 }
+
+#[test]
+fn older_and_failed_runs_are_read_with_their_missing_figures_shown_as_missing() {
+    let dir = tmp("older");
+    let mib = 1u64 << 20;
+    let mut older = trace_run("cachalot", "bert", 100 * mib, 102 * mib, 45.0);
+    // A file from before `reserved_changes`, `cache_hits` and the first pass's timing.
+    for key in [
+        "reserved_changes",
+        "cache_hits",
+        "ns_per_op_first",
+        "timeline",
+    ] {
+        older.as_object_mut().unwrap().remove(key);
+    }
+    write_runs(
+        &dir,
+        &[
+            older,
+            trace_run("pytorch", "bert", 100 * mib, 150 * mib, 400.0),
+            // A failed run of scripts/pytorch_bench.py: its error only.
+            json!({"schema": "cachalot gpu-bench v1", "kind": "trace",
+                   "allocator": "pytorch-expandable", "trace": "bert", "error": "it broke"}),
+            json!({"schema": "cachalot gpu-bench v1", "kind": "hot_loop",
+                   "allocator": "pytorch", "path": "raw", "error": "it broke too"}),
+        ],
+    );
+    let out = cachalot(&["bench-report", dir.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let md = std::fs::read_to_string(dir.join("results.md")).unwrap();
+    // Driver table: calls / reserved-memory changes / hit rate; the older run's changes: –.
+    assert!(md.contains("| 7 / – / 98.6% |"), "{md}");
+    // Speed: steady (first); the older run's first pass: –.
+    assert!(md.contains("| 45 (–) |"), "{md}");
+    assert!(
+        md.contains("PyTorch expandable: failed: it broke (bert)"),
+        "{md}"
+    );
+    assert!(
+        md.contains("PyTorch hot loop (raw): failed: it broke too"),
+        "{md}"
+    );
+    let csv = std::fs::read_to_string(dir.join("results.csv")).unwrap();
+    assert!(csv.contains(",it broke\n"), "{csv}");
+    // results.json lists every run's `error`, null when it ran.
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap()).unwrap();
+    let errors: Vec<&serde_json::Value> = json["traces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| &t["error"])
+        .collect();
+    // In table order: PyTorch, PyTorch expandable, cachalot.
+    assert_eq!(errors, [&json!(null), &json!("it broke"), &json!(null)]);
+    assert_eq!(json["hot_loops"][0]["error"], "it broke too");
+    let _ = std::fs::remove_dir_all(&dir);
+}

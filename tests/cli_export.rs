@@ -6,10 +6,8 @@ use std::path::PathBuf;
 
 use cachalot::Settings;
 use cachalot_tools::export::{segment_states, snapshot_of};
-use cachalot_tools::replay::{ReplayConfig, replay};
-use cachalot_tools::snapshot::{
-    ReplayOptions, parse_snapshot, read_figures, read_snapshot, replay_ops_with, write_snapshot,
-};
+use cachalot_tools::replay::{ReplayConfig, ReplayOptions, replay, replay_ops_with};
+use cachalot_tools::snapshot::{parse_snapshot, read_figures, read_snapshot, write_snapshot};
 
 mod common;
 use common::recorded_config as config_for;

@@ -7,8 +7,8 @@ use std::process::{Command, Output};
 
 use cachalot::Settings;
 use cachalot_tools::export::segment_states;
-use cachalot_tools::replay::{ReplayConfig, replay};
-use cachalot_tools::snapshot::{ReplayOptions, read_snapshot, replay_ops_with};
+use cachalot_tools::replay::{ReplayConfig, ReplayOptions, replay, replay_ops_with};
+use cachalot_tools::snapshot::read_snapshot;
 
 mod common;
 use common::traces as fixtures;

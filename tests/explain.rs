@@ -11,10 +11,10 @@ use std::process::Command;
 use cachalot::Settings;
 use cachalot_tools::explain::stacks::{BEFORE_RECORDING, NO_STACK, NOT_A_TENSOR};
 use cachalot_tools::explain::{At, Breakdown, breakdown, origins, survey};
-use cachalot_tools::replay::{H200_MEMORY, StartMode, Stepper};
-use cachalot_tools::snapshot::{
-    ReplayOp, ReplayOptions, Snapshot, SnapshotExt, read_snapshot, replay_ops_from,
+use cachalot_tools::replay::{
+    H200_MEMORY, ReplayOp, ReplayOptions, SnapshotExt, StartMode, Stepper, replay_ops_from,
 };
+use cachalot_tools::snapshot::{Snapshot, read_snapshot};
 
 mod common;
 use common::fixtures_root;

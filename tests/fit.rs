@@ -6,8 +6,8 @@ use std::process::Command;
 
 use cachalot::Settings;
 use cachalot_tools::fit::{self, GRANULE, Limit, Problem};
-use cachalot_tools::replay::{H200_MEMORY, StartMode};
-use cachalot_tools::snapshot::{ReplayOptions, read_snapshot, replay_ops_from};
+use cachalot_tools::replay::{H200_MEMORY, ReplayOptions, StartMode, replay_ops_from};
+use cachalot_tools::snapshot::read_snapshot;
 
 mod common;
 use common::fixtures_root;
@@ -22,7 +22,7 @@ const FRESH: [&str; 6] = [
     "empty_cache_loop",
 ];
 
-fn program(name: &str) -> cachalot_tools::snapshot::ReplayProgram {
+fn program(name: &str) -> cachalot_tools::replay::ReplayProgram {
     let s = read_snapshot(&fixtures_root().join(format!("traces/{name}.pickle"))).unwrap();
     replay_ops_from(&s.traces[0], &ReplayOptions::default(), &Default::default()).0
 }

@@ -7,11 +7,11 @@
 //! statistics, and the final layout block for block.
 
 use cachalot::{Allocator, HistoryOptions, SegmentInfo, Settings, SimDevice, StreamId};
-use cachalot_tools::replay::{ReplayConfig, ReplayOutcome, StartMode, replay};
-use cachalot_tools::selfcheck::check_final_state;
-use cachalot_tools::snapshot::{
-    ReplayOptions, Snapshot, SnapshotExt, parse_snapshot, replay_ops_from, write_snapshot,
+use cachalot_tools::replay::{
+    ReplayConfig, ReplayOptions, ReplayOutcome, SnapshotExt, StartMode, replay, replay_ops_from,
 };
+use cachalot_tools::selfcheck::check_final_state;
+use cachalot_tools::snapshot::{Snapshot, parse_snapshot, write_snapshot};
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 

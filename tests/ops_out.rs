@@ -1,13 +1,18 @@
-//! `cachalot replay --ops-out FILE`: the program written as text (src/cli/ops.rs, "cachalot
-//! ops v1") is complete, parses back, has one `a` line per allocation of the trace, and —
-//! replayed again from the text alone — gives the figures of the replay that wrote it.
+//! `cachalot replay --ops-out FILE`: the program written as text (src/ops.rs, "cachalot ops
+//! v1") is complete, parses back, has one `a` line per allocation of the trace, and — replayed
+//! again from the text alone — gives the figures of the replay that wrote it. The format's one
+//! type round-trips every fixture's program (written, parsed, written again: the same text),
+//! and malformed files are refused naming the file and the line.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use cachalot_tools::replay::{ReplayConfig, replay};
-use cachalot_tools::snapshot::{Action, ReplayOp, ReplayProgram, read_figures, read_snapshot};
+use cachalot_tools::ops::{OpsError, OpsProgram};
+use cachalot_tools::replay::{
+    ReplayConfig, ReplayOp, ReplayProgram, SnapshotExt, StartMode, replay,
+};
+use cachalot_tools::snapshot::{Action, read_figures, read_snapshot};
 
 mod common;
 use common::{fixtures_root, recorded_config, traces};
@@ -281,4 +286,115 @@ fn a_mid_run_recording_exports_from_its_live_tensors_and_refuses_pytorchs_layout
     );
     assert_eq!(num(&ops, "allocs"), trace_allocs(&path));
     std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn every_fixture_program_renders_parses_and_renders_again_to_the_same_text() {
+    let mut files: Vec<PathBuf> = Vec::new();
+    for dir in ["traces", "user", "expandable"] {
+        for e in std::fs::read_dir(fixtures_root().join(dir)).unwrap() {
+            let p = e.unwrap().path();
+            let name = p.to_string_lossy().to_string();
+            if name.ends_with(".pickle") || name.ends_with(".pickle.gz") {
+                files.push(p);
+            }
+        }
+    }
+    files.sort();
+    assert!(files.len() >= 25, "{}", files.len());
+    let mut with_start = 0;
+    for path in &files {
+        let snapshot = read_snapshot(path).unwrap();
+        for (device, program) in snapshot.replay_programs() {
+            for mode in [StartMode::LiveTensors, StartMode::Empty] {
+                let at = format!("{} device {device} {mode:?}", path.display());
+                let mut ops = OpsProgram::from_replay(&program, mode);
+                ops.header = vec![
+                    ("trace".into(), path.display().to_string()),
+                    ("settings".into(), "expandable_segments:True".into()),
+                ];
+                let text = ops.render();
+                let back =
+                    OpsProgram::parse("x.ops", &text).unwrap_or_else(|e| panic!("{at}: {e}"));
+                assert_eq!(back, ops, "{at}");
+                assert_eq!(back.render(), text, "{at}");
+                assert_eq!(
+                    back.header_value("settings"),
+                    Some("expandable_segments:True")
+                );
+                let (start_allocs, allocs) = back.allocs();
+                let trace_allocs = program
+                    .ops
+                    .iter()
+                    .filter(|op| matches!(op, ReplayOp::Alloc { .. }))
+                    .count();
+                assert_eq!(allocs, trace_allocs, "{at}");
+                let expected = if mode == StartMode::LiveTensors {
+                    program.initial.len()
+                } else {
+                    0
+                };
+                assert_eq!(start_allocs, expected, "{at}");
+                with_start += usize::from(start_allocs > 0);
+            }
+        }
+    }
+    assert!(with_start >= 2, "{with_start} programs with a start");
+}
+
+fn input_error(text: &str) -> OpsError {
+    match OpsProgram::parse("bad.ops", text) {
+        Err(e) => e,
+        Ok(_) => panic!("accepted: {text:?}"),
+    }
+}
+
+#[test]
+fn malformed_ops_files_are_refused_naming_the_file_and_line() {
+    let head = "# cachalot ops v1\n# handles: 2\n";
+    for (body, line, words) in [
+        ("s\na 0 10\n", 4, "takes 3"),
+        ("s\na 0 ten 0\n", 4, "not a decimal number"),
+        ("s\nx 1\n", 4, "unknown operation"),
+        ("s\na 0 10 0\na 0 10 0\n", 5, "allocated again while live"),
+        ("s\na 0 10 0\nr 0 0\nc 0\n", 5, "followed directly by `f 0`"),
+        ("s\na 0 10 0\nr 0 0\n", 5, "followed directly by `f 0`"),
+        ("s\ns\n", 4, "a second `s`"),
+        ("a 0 10 0\n", 0, "no `s` line"),
+        ("s\nf -1\n", 4, "not a decimal number"),
+    ] {
+        let e = input_error(&format!("{head}{body}"));
+        let m = e.to_string();
+        let at = if line == 0 {
+            "bad.ops: ".to_string()
+        } else {
+            format!("bad.ops:{line}: ")
+        };
+        assert!(m.starts_with(&at), "{m:?} for {body:?}");
+        assert!(m.contains(words), "{m:?} for {body:?}");
+        assert_eq!(e.line, (line > 0).then_some(line), "{body:?}");
+    }
+    let m = input_error("a 0 10 0\ns\n").to_string();
+    assert!(
+        m.starts_with("bad.ops:1: ") && m.contains("cachalot ops v1"),
+        "{m}"
+    );
+    // Well formed: frees of handles never allocated (an empty start) are allowed.
+    let p = OpsProgram::parse(
+        "ok.ops",
+        &format!("{head}a 5 1 3\ns\nf 9\nr 5 5\nf 5\nc 5\ne\n"),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((p.start.len(), p.trace.len()), (1, 5));
+    assert_eq!(
+        (p.handles, p.streams, p.sides),
+        (vec![5, 9], vec![3], vec![5])
+    );
+    // A missing file is named.
+    let e = OpsProgram::read(Path::new("/nonexistent/nowhere.ops")).unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("/nonexistent/nowhere.ops: cannot read"),
+        "{e}"
+    );
 }

@@ -77,7 +77,7 @@ fn a_snapshot_written_under_cachalots_policy_replays_to_the_same_figures() {
             "ooms",
         ];
         // A program's own empty_cache() right before an allocation that grows reads like rule
-        // 20's reclaim in the snapshot (src/snapshot/replay.rs): the peaks and the layout still
+        // 20's reclaim in the snapshot (src/replay/program.rs): the peaks and the layout still
         // agree, the number of unmaps may not.
         if name != "empty_cache_loop" {
             keys.extend(["device_allocs", "device_frees"]);

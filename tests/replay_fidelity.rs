@@ -1,8 +1,8 @@
 //! Byte-exact fidelity: every committed PyTorch trace, replayed through cachalot's allocator on
 //! the simulated device with the settings it was recorded with, gives PyTorch's own figures.
 
-use cachalot_tools::replay::replay;
-use cachalot_tools::snapshot::{read_figures, read_snapshot, replay_ops};
+use cachalot_tools::replay::{replay, replay_ops};
+use cachalot_tools::snapshot::{read_figures, read_snapshot};
 
 mod common;
 use common::recorded_config as config_for;

@@ -5,9 +5,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 
+use cachalot_tools::replay::{ReplayOp, ReplayOptions, SnapshotExt, replay_ops, replay_ops_with};
 use cachalot_tools::snapshot::{
-    Action, BlockStatus, Figures, ReplayOp, ReplayOptions, Snapshot, SnapshotExt, read_figures,
-    read_snapshot, replay_ops, replay_ops_with,
+    Action, BlockStatus, Figures, Snapshot, read_figures, read_snapshot,
 };
 
 mod common;

@@ -1,8 +1,7 @@
 //! Trace → replay program conversion on hand-built traces.
 
-use cachalot_tools::snapshot::{
-    Action, DeviceTrace, ReplayOp, ReplayOptions, StackId, TraceEntry, replay_ops, replay_ops_with,
-};
+use cachalot_tools::replay::{ReplayOp, ReplayOptions, replay_ops, replay_ops_with};
+use cachalot_tools::snapshot::{Action, DeviceTrace, StackId, TraceEntry};
 
 const MIB: u64 = 1 << 20;
 

@@ -10,11 +10,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use cachalot::Settings;
-use cachalot_tools::replay::{ReplayConfig, StartMode, replay};
+use cachalot_tools::replay::{
+    ReplayConfig, ReplayOptions, SnapshotExt, StartMode, StartState, replay, replay_ops_from,
+};
 use cachalot_tools::selfcheck::check_final_state;
 use cachalot_tools::snapshot::{
-    Action, BlockStatus, DeviceTrace, ReplayOptions, Snapshot, SnapshotExt, StartState,
-    read_figures_for, read_snapshot, replay_ops_from, write_snapshot,
+    Action, BlockStatus, DeviceTrace, Snapshot, read_figures_for, read_snapshot, write_snapshot,
 };
 
 mod common;
@@ -388,7 +389,7 @@ fn a_start_that_cannot_be_rebuilt_is_said_plainly() {
 
 #[test]
 fn trace_addresses_go_to_the_operation_that_made_them() {
-    use cachalot_tools::snapshot::{ReplayOp, ReplayProgram};
+    use cachalot_tools::replay::{ReplayOp, ReplayProgram};
     // The trace made one device allocation, at 0x4000_0000, for its second request; the
     // replay (say, under other settings) needs one for the first request too. The first gets
     // an address of the device's own, the second the trace's.

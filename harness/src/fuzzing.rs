@@ -17,8 +17,9 @@ use std::collections::BTreeMap;
 
 use arbitrary::{Arbitrary, Unstructured};
 use cachalot::{CachingCore, Error, Settings, SimDevice, StreamId};
+use cachalot_tools::replay::SnapshotExt;
 use cachalot_tools::snapshot::{
-    ReadLimits, SnapshotExt, parse_snapshot, parse_snapshot_with_limits, write_snapshot,
+    ReadLimits, parse_snapshot, parse_snapshot_with_limits, write_snapshot,
 };
 
 use crate::draw::{Draws, draw};

@@ -6,8 +6,7 @@
 //! segment addresses offered as the product offers them, and the [`Driver`] makes each call on
 //! both sides; the state is compared after every operation.
 
-use cachalot_tools::replay::{Executed, Interpreter, StartFailure, StartMode};
-use cachalot_tools::snapshot::ReplayProgram;
+use cachalot_tools::replay::{Executed, Interpreter, ReplayProgram, StartFailure, StartMode};
 
 use crate::driver::Driver;
 use crate::scenario::Knobs;

@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use cachalot::Settings;
 use cachalot_harness::replay::{Replayed, replay_side_by_side};
 use cachalot_harness::scenario::Knobs;
-use cachalot_tools::replay::{H200_MEMORY, StartMode};
-use cachalot_tools::snapshot::{SnapshotExt, read_figures_for, read_snapshot};
+use cachalot_tools::replay::{H200_MEMORY, SnapshotExt, StartMode};
+use cachalot_tools::snapshot::{read_figures_for, read_snapshot};
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")

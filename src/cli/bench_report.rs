@@ -5,10 +5,11 @@
 
 use std::path::{Path, PathBuf};
 
-use cachalot_tools::gpubench::{self, Results, WHOLE_TRACE, allocator_label};
+use cachalot_tools::bench::report::{self, Results, WHOLE_TRACE, allocator_label};
+use cachalot_tools::bench::tables;
 use plotters::prelude::*;
 
-use super::CliError;
+use super::error::CliError;
 use super::plot;
 
 /// Arguments of `cachalot bench-report`.
@@ -23,18 +24,18 @@ pub struct BenchReportArgs {
 
 /// Runs `cachalot bench-report`.
 pub fn run(args: &BenchReportArgs) -> Result<(), CliError> {
-    let results = gpubench::load(&args.dir).map_err(|e| CliError::input(e.to_string()))?;
+    let results = report::load(&args.dir).map_err(|e| CliError::input(e.to_string()))?;
     let out = args.out.clone().unwrap_or_else(|| args.dir.clone());
     std::fs::create_dir_all(&out).map_err(|e| CliError::run(format!("{}: {e}", out.display())))?;
     let write = |name: &str, text: &str| {
         let path = out.join(name);
         std::fs::write(&path, text).map_err(|e| CliError::run(format!("{}: {e}", path.display())))
     };
-    let json = serde_json::to_string_pretty(&gpubench::results_json(&results))
+    let json = serde_json::to_string_pretty(&tables::results_json(&results))
         .map_err(|e| CliError::run(e.to_string()))?;
     write("results.json", &(json + "\n"))?;
-    write("results.csv", &gpubench::csv(&results))?;
-    let mut md = gpubench::markdown(&results);
+    write("results.csv", &tables::csv(&results))?;
+    let mut md = tables::markdown(&results);
     md.push_str("\n## Plots\n\n");
     for name in plots(&results, &out)? {
         md.push_str(&format!("- [{name}]({name})\n"));
@@ -132,58 +133,29 @@ fn ns_bars(
         .iter()
         .fold((f64::MAX, 1.0f64), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
     let lo = if lo == f64::MAX { 1.0 } else { lo / 2.0 };
-    let n = traces.len().max(1);
-    let k = allocators.len().max(1);
-    let width = (160 * n as u32).clamp(800, 2400);
-    let root = SVGBackend::new(path, (width, 560)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| failed(path, e))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            "ns per operation, steady state (log scale; cuMemAlloc: first pass of a prefix)",
-            ("sans-serif", 20),
-        )
-        .margin(12)
-        .x_label_area_size(50)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0.0..n as f64, (lo..hi * 2.0).log_scale())
-        .map_err(|e| failed(path, e))?;
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(0)
-        .y_desc("ns per operation")
-        .y_label_formatter(&|y| format!("{y:.0}"))
-        .draw()
-        .map_err(|e| failed(path, e))?;
-    let group = 0.85;
-    let bar = group / k as f64;
-    for (c, a) in allocators.iter().enumerate() {
-        let col = color(a);
-        let bars = traces.iter().enumerate().filter_map(|(t, trace)| {
-            let v = value(trace, a)?;
-            let x0 = t as f64 + (1.0 - group) / 2.0 + c as f64 * bar;
-            Some(Rectangle::new(
-                [(x0, lo), (x0 + bar * 0.9, v)],
-                col.filled(),
-            ))
-        });
-        chart
-            .draw_series(bars)
-            .map_err(|e| failed(path, e))?
-            .label(allocator_label(a))
-            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], col.filled()));
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| failed(path, e))?;
-    plot::group_names(&root, path, traces, |t| {
-        chart.backend_coord(&(t as f64 + 0.5, lo))
-    })?;
-    root.present().map_err(|e| failed(path, e))
+    let series = allocators
+        .iter()
+        .map(|a| plot::BarSeries {
+            label: allocator_label(a),
+            color: color(a).to_rgba(),
+            values: traces.iter().map(|t| value(t, a)).collect(),
+        })
+        .collect();
+    plot::bars(
+        path,
+        &plot::Bars {
+            title: "ns per operation, steady state (log scale; cuMemAlloc: first pass of a prefix)",
+            groups: traces,
+            series,
+            axis: plot::Axis::Log(lo..hi * 2.0),
+            y_desc: "ns per operation",
+            y_decimals: 0,
+            width: (800, 2400),
+            y_label_area: 70,
+            group_width: 0.85,
+            bar_fill: 0.9,
+        },
+    )
 }
 
 /// Wall ns per pair against threads, one line per allocator and path, log scale.

@@ -9,14 +9,44 @@
 //! settings), and cachalot's own policy (`Settings::cachalot()`, rule 21 of ARCHITECTURE.md,
 //! with only the recorded memory fraction kept).
 
+use std::path::PathBuf;
+
 use cachalot::Settings;
 use cachalot_tools::replay::ReplayConfig;
+use cachalot_tools::units::human;
 use serde::Serialize;
 
+use super::error::CliError;
 use super::input::{self, Trace, apply_config};
-use super::replay::{Report, execute};
-use super::units::human;
-use super::{BackendKind, CliError, CompareArgs, plot};
+use super::plot;
+use super::replay::{BackendKind, Report, execute};
+
+/// `cachalot compare`.
+#[derive(Debug, clap::Args)]
+pub struct CompareArgs {
+    /// The snapshots to replay.
+    #[arg(required = true)]
+    pub traces: Vec<PathBuf>,
+    /// Settings to compare, in PYTORCH_CUDA_ALLOC_CONF syntax (repeat the option for more).
+    /// The first column is always the baseline: PyTorch's defaults plus the settings each
+    /// trace was recorded with. Without any, the columns are the baseline, PyTorch with
+    /// expandable segments, and cachalot's own policy. "driver calls" counts device
+    /// allocations and frees, or page map and unmap steps under expandable segments.
+    #[arg(long, value_name = "CONF")]
+    pub config: Vec<String>,
+    /// Apply each --config over PyTorch's defaults instead of cachalot's.
+    #[arg(long)]
+    pub pytorch: bool,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Draw the fragmentation of every trace under every setting as grouped bars (SVG).
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+    /// Passes over each trace (passes after the first measure steady-state speed).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub repeat: u32,
+}
 
 /// The baseline column's label.
 const BASELINE: &str = "PyTorch (recorded settings)";

@@ -21,11 +21,10 @@ use cachalot::cuda::cudarc::driver::CudaContext;
 use cachalot::cuda::{CudaBackend, device_count, stream_id};
 use cachalot::{Backend, CachingCore};
 use cachalot_tools::replay::{
-    HeldBackDevice, ReplayConfig, ReplayOutcome, replay_on_with_progress,
+    HeldBackDevice, ReplayConfig, ReplayOp, ReplayOutcome, ReplayProgram, replay_on_with_progress,
 };
-use cachalot_tools::snapshot::{ReplayOp, ReplayProgram};
 
-use super::CliError;
+use super::error::CliError;
 
 /// What the GPU was.
 pub struct GpuInfo {

@@ -10,12 +10,13 @@ use std::path::PathBuf;
 
 use cachalot_tools::explain::{self, Advice, At, Breakdown, advice::AdviceSetup, html};
 use cachalot_tools::replay::StartMode;
+use cachalot_tools::units::{grouped, human};
 use serde::Serialize;
 
-use super::CliError;
+use super::error::CliError;
 use super::input::{self, Trace};
 use super::replay::{config_label, start_mode};
-use super::units::{self, grouped, human};
+use super::units;
 
 /// `cachalot explain`.
 #[derive(Debug, clap::Args)]

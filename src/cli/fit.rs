@@ -12,13 +12,13 @@ use cachalot_tools::fit::{
     self, Attempt, GRANULE, Limit, POLICIES, Policy, Problem, Reserve, Search, default_reserve,
     min_device_bytes, usable_bytes,
 };
-use cachalot_tools::replay::StartMode;
-use cachalot_tools::snapshot::ReplayOp;
+use cachalot_tools::replay::{ReplayOp, StartMode};
+use cachalot_tools::units::{grouped, human};
 use serde::Serialize;
 
-use super::CliError;
+use super::error::CliError;
 use super::input::{self, Trace};
-use super::units::{self, grouped, human};
+use super::units;
 
 /// How `cachalot fit` models the limit (see `cachalot_tools::fit::Limit`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]

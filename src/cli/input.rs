@@ -7,13 +7,13 @@
 use std::path::{Path, PathBuf};
 
 use cachalot::Settings;
-use cachalot_tools::replay::H200_MEMORY;
-use cachalot_tools::snapshot::{
-    Figures, ReplayOptions, ReplayProgram, ReplayReport, Snapshot, SnapshotExt, StartError,
-    StartState, read_figures_for, read_snapshot, replay_ops_from,
+use cachalot_tools::replay::{
+    H200_MEMORY, Recorded, RecordedError, ReplayOptions, ReplayProgram, ReplayReport, SnapshotExt,
+    StartError, StartState, replay_ops_from,
 };
+use cachalot_tools::snapshot::{Figures, Snapshot, read_figures_for, read_snapshot};
 
-use super::CliError;
+use super::error::CliError;
 
 /// A snapshot ready to replay.
 pub struct Trace {
@@ -39,20 +39,9 @@ impl Trace {
         self.path.display().to_string()
     }
 
-    /// The PYTORCH_CUDA_ALLOC_CONF the trace was recorded with: the snapshot's
-    /// `allocator_settings` when it has them, else the sidecar's. `None` when neither says.
-    pub fn recorded_conf(&self) -> Option<&str> {
-        if let Some(s) = &self.snapshot.allocator_settings {
-            return Some(&s.alloc_conf);
-        }
-        self.figures
-            .as_ref()
-            .and_then(|f| f.pytorch_cuda_alloc_conf.as_deref())
-    }
-
-    /// The memory fraction the recorded program set (from the sidecar).
-    pub fn recorded_fraction(&self) -> Option<f64> {
-        self.figures.as_ref().and_then(|f| f.memory_fraction)
+    /// What the snapshot and its sidecar say about the settings the trace was recorded under.
+    pub fn recorded(&self) -> Recorded<'_> {
+        Recorded::of(&self.snapshot, self.figures.as_ref())
     }
 
     /// The device memory to simulate: `explicit`, else the recording GPU's, else an H200's.
@@ -77,28 +66,28 @@ impl Trace {
         } else {
             Settings::cachalot()
         };
-        if recorded && let Some(conf) = self.recorded_conf() {
-            settings = settings.apply(conf).map_err(|e| {
-                CliError::input(format!(
-                    "{}: the recorded PYTORCH_CUDA_ALLOC_CONF \"{conf}\" is not usable: {e}",
-                    self.name()
-                ))
-            })?;
+        let rec = self.recorded();
+        if recorded {
+            settings = rec
+                .apply_conf(settings)
+                .map_err(|e| self.recorded_error(e))?;
         }
-        if settings.per_process_memory_fraction.is_none()
-            && let Some(f) = self.recorded_fraction()
-        {
-            settings.set_per_process_memory_fraction(f).map_err(|e| {
-                CliError::input(format!(
-                    "{}: the recorded memory fraction: {e}",
-                    sidecar(&self.path).display()
-                ))
-            })?;
-        }
+        settings = rec
+            .apply_fraction(settings)
+            .map_err(|e| self.recorded_error(e))?;
         if let Some(conf) = config {
             settings = apply_config(&settings, conf)?;
         }
         Ok(settings)
+    }
+
+    /// A recorded setting that is not usable, as bad input naming the file it came from.
+    fn recorded_error(&self, e: RecordedError) -> CliError {
+        let file = match e {
+            RecordedError::Conf { .. } => self.name(),
+            RecordedError::Fraction(_) => sidecar(&self.path).display().to_string(),
+        };
+        CliError::input(format!("{file}: {e}"))
     }
 }
 

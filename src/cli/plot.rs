@@ -1,16 +1,18 @@
-//! SVG plots: the memory timeline of one replay, and grouped bars of fragmentation for
-//! `compare`.
+//! SVG plots: the memory timeline of one replay, and the one chart of grouped bars (`compare`'s
+//! fragmentation, `bench-report`'s fragmentation and ns per operation).
 //!
 //! The one rule: peaks survive downsampling. A timeline is cut into at most [`MAX_POINTS`]
 //! buckets of consecutive operations and each bucket keeps each series' maximum, so the
 //! plotted peak is the true peak.
 
+use std::ops::Range;
 use std::path::Path;
 
 use cachalot_tools::replay::Sample;
+use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::prelude::*;
 
-use super::CliError;
+use super::error::CliError;
 
 /// Most points per timeline series.
 pub const MAX_POINTS: usize = 3000;
@@ -144,55 +146,97 @@ pub fn timeline(path: &Path, timeline: &[Sample], title: &str) -> Result<(), Cli
     root.present().map_err(|e| failed(path, e))
 }
 
-/// Draws grouped bars: for each trace (`names`), one bar per configuration (`labels`) of its
-/// fragmentation (`values[trace][config]`), from 1.0 (the physical limit) up.
-pub fn fragmentation_bars(
-    path: &Path,
-    title: &str,
-    names: &[String],
-    labels: &[String],
-    values: &[Vec<f64>],
-) -> Result<(), CliError> {
-    let n = names.len().max(1);
-    let k = labels.len().max(1);
-    let top = values
-        .iter()
-        .flatten()
-        .copied()
-        .filter(|v| v.is_finite())
-        .fold(1.0f64, f64::max);
-    let width = (160 * n as u32).clamp(700, 2000);
+/// The value axis of a bar chart: bars rise from its start.
+pub enum Axis {
+    /// Linear.
+    Linear(Range<f64>),
+    /// Logarithmic.
+    Log(Range<f64>),
+}
+
+/// One series of a bar chart: its legend label, its colour, its value in each group (`None`:
+/// no bar there).
+pub struct BarSeries {
+    /// The legend's label.
+    pub label: String,
+    /// The bars' colour.
+    pub color: RGBAColor,
+    /// One value per group.
+    pub values: Vec<Option<f64>>,
+}
+
+/// A chart of grouped bars: one group per name under the x axis, one bar per series in each.
+pub struct Bars<'a> {
+    /// The caption.
+    pub title: &'a str,
+    /// The groups' names.
+    pub groups: &'a [String],
+    /// The series, in legend order.
+    pub series: Vec<BarSeries>,
+    /// The value axis.
+    pub axis: Axis,
+    /// The value axis's name.
+    pub y_desc: &'a str,
+    /// Decimals of the value axis's labels.
+    pub y_decimals: usize,
+    /// The chart's width is 160 pixels a group, within these bounds.
+    pub width: (u32, u32),
+    /// Pixels left of the value axis for its labels.
+    pub y_label_area: u32,
+    /// The share of a group's slot its bars take.
+    pub group_width: f64,
+    /// The share of a bar's slot the bar fills.
+    pub bar_fill: f64,
+}
+
+/// Draws a chart of grouped bars (SVG, 560 pixels high).
+pub fn bars(path: &Path, b: &Bars<'_>) -> Result<(), CliError> {
+    match &b.axis {
+        Axis::Linear(range) => draw_bars(path, b, range.start, range.clone()),
+        Axis::Log(range) => draw_bars(path, b, range.start, range.clone().log_scale()),
+    }
+}
+
+fn draw_bars<Y>(path: &Path, b: &Bars<'_>, base: f64, y: Y) -> Result<(), CliError>
+where
+    Y: AsRangedCoord<Value = f64>,
+    Y::CoordDescType: ValueFormatter<f64>,
+{
+    let n = b.groups.len().max(1);
+    let k = b.series.len().max(1);
+    let width = (160 * n as u32).clamp(b.width.0, b.width.1);
     let root = SVGBackend::new(path, (width, 560)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| failed(path, e))?;
     let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 20))
+        .caption(b.title, ("sans-serif", 20))
         .margin(12)
         .x_label_area_size(50)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.0..n as f64, 1.0..(1.0 + (top - 1.0) * 1.15).max(1.05))
+        .y_label_area_size(b.y_label_area)
+        .build_cartesian_2d(0.0..n as f64, y)
         .map_err(|e| failed(path, e))?;
     chart
         .configure_mesh()
         .disable_x_mesh()
         .x_labels(0)
-        .y_desc("fragmentation")
-        .y_label_formatter(&|y| format!("{y:.2}"))
+        .y_desc(b.y_desc)
+        .y_label_formatter(&|y| format!("{y:.*}", b.y_decimals))
         .draw()
         .map_err(|e| failed(path, e))?;
-    let group = 0.8;
-    let bar = group / k as f64;
-    for (c, label) in labels.iter().enumerate() {
-        let color = Palette99::pick(c).to_rgba();
-        let bars = values.iter().enumerate().filter_map(|(t, row)| {
-            let v = *row.get(c)?;
-            let x0 = t as f64 + (1.0 - group) / 2.0 + c as f64 * bar;
-            v.is_finite()
-                .then(|| Rectangle::new([(x0, 1.0), (x0 + bar * 0.92, v)], color.filled()))
+    let bar = b.group_width / k as f64;
+    for (c, series) in b.series.iter().enumerate() {
+        let color = series.color;
+        let rects = series.values.iter().enumerate().filter_map(|(t, v)| {
+            let v = (*v)?;
+            let x0 = t as f64 + (1.0 - b.group_width) / 2.0 + c as f64 * bar;
+            Some(Rectangle::new(
+                [(x0, base), (x0 + bar * b.bar_fill, v)],
+                color.filled(),
+            ))
         });
         chart
-            .draw_series(bars)
+            .draw_series(rects)
             .map_err(|e| failed(path, e))?
-            .label(label.as_str())
+            .label(series.label.as_str())
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
     }
     chart
@@ -202,10 +246,54 @@ pub fn fragmentation_bars(
         .border_style(BLACK)
         .draw()
         .map_err(|e| failed(path, e))?;
-    group_names(&root, path, names, |t| {
-        chart.backend_coord(&(t as f64 + 0.5, 1.0))
+    group_names(&root, path, b.groups, |t| {
+        chart.backend_coord(&(t as f64 + 0.5, base))
     })?;
     root.present().map_err(|e| failed(path, e))
+}
+
+/// Grouped bars of fragmentation: for each trace (`names`), one bar per configuration
+/// (`labels`) of `values[trace][config]`, from 1.0 (the physical limit) up.
+pub fn fragmentation_bars(
+    path: &Path,
+    title: &str,
+    names: &[String],
+    labels: &[String],
+    values: &[Vec<f64>],
+) -> Result<(), CliError> {
+    let top = values
+        .iter()
+        .flatten()
+        .copied()
+        .filter(|v| v.is_finite())
+        .fold(1.0f64, f64::max);
+    let series = labels
+        .iter()
+        .enumerate()
+        .map(|(c, label)| BarSeries {
+            label: label.clone(),
+            color: Palette99::pick(c).to_rgba(),
+            values: values
+                .iter()
+                .map(|row| row.get(c).copied().filter(|v| v.is_finite()))
+                .collect(),
+        })
+        .collect();
+    bars(
+        path,
+        &Bars {
+            title,
+            groups: names,
+            series,
+            axis: Axis::Linear(1.0..(1.0 + (top - 1.0) * 1.15).max(1.05)),
+            y_desc: "fragmentation",
+            y_decimals: 2,
+            width: (700, 2000),
+            y_label_area: 60,
+            group_width: 0.8,
+            bar_fill: 0.92,
+        },
+    )
 }
 
 #[cfg(test)]

@@ -6,19 +6,109 @@
 
 use std::fs::File;
 use std::io::{BufWriter, IsTerminal, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use cachalot::Settings;
 use cachalot_tools::export::snapshot_of;
 use cachalot_tools::replay::{ReplayConfig, ReplayOutcome, StartMode, replay_with_progress};
 use cachalot_tools::selfcheck::{SelfCheck, check_final_state};
 use cachalot_tools::snapshot::{Figures, write_snapshot};
+use cachalot_tools::units::{grouped, human};
+use clap::ValueEnum;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
+use super::error::CliError;
 use super::input::{self, Trace};
-use super::units::{grouped, human};
-use super::{BackendKind, CliError, ReplayArgs, StartArg, cuda, ops, plot};
+use super::{cuda, ops, plot, units};
+
+/// Where a replay runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BackendKind {
+    /// The simulated device (no GPU needed); it hands out the trace's own segment addresses.
+    Sim,
+    /// A real CUDA GPU, through cachalot's cudarc backend.
+    Cuda,
+}
+
+impl BackendKind {
+    /// The name printed in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Sim => "sim",
+            BackendKind::Cuda => "cuda",
+        }
+    }
+}
+
+/// What a replay of a trace recorded mid-run starts from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum StartArg {
+    /// PyTorch's state when recording began, block for block, when the settings are the
+    /// recorded ones; the tensors live then, placed by the replayed policy, when they are not.
+    #[default]
+    Auto,
+    /// The tensors live when recording began, allocated in address order before the trace
+    /// (the form `--ops-out` writes for a mid-run recording).
+    LiveTensors,
+    /// An empty allocator (the trace's frees of earlier blocks do nothing).
+    Empty,
+}
+
+/// `cachalot replay`.
+#[derive(Debug, clap::Args)]
+pub struct ReplayArgs {
+    /// The snapshot: a pickle from `torch.cuda.memory._dump_snapshot()` (or written by
+    /// cachalot), optionally gzip-compressed. PyTorch's figures are read from NAME.json beside
+    /// it when present.
+    pub trace: PathBuf,
+    /// Start from PyTorch 2.x's default settings plus the PYTORCH_CUDA_ALLOC_CONF the trace was
+    /// recorded with (from the snapshot or NAME.json): the replay then reproduces PyTorch.
+    /// Without it, cachalot's own defaults.
+    #[arg(long)]
+    pub pytorch: bool,
+    /// Settings in PYTORCH_CUDA_ALLOC_CONF syntax, applied on top (e.g.
+    /// "max_split_size_mb:64,roundup_power2_divisions:4").
+    #[arg(long, value_name = "CONF")]
+    pub config: Option<String>,
+    /// Where to replay.
+    #[arg(long, value_enum, default_value_t = BackendKind::Sim)]
+    pub backend: BackendKind,
+    /// Passes over the trace; passes after the first measure steady-state speed.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub repeat: u32,
+    /// Print one JSON object instead of the report.
+    #[arg(long)]
+    pub json: bool,
+    /// Draw requested, allocated and reserved bytes against operation index as SVG.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+    /// Write the allocator's final state and its history over the replay as a PyTorch
+    /// snapshot (gzip-compressed when FILE ends in .gz).
+    #[arg(long, value_name = "FILE.pickle")]
+    pub snapshot_out: Option<PathBuf>,
+    /// Simulated device memory (bytes; K, M, G, T, KiB, MiB, GiB, TiB suffixes allowed).
+    /// Default: the recording GPU's total from NAME.json, else an H200's.
+    #[arg(long, value_name = "BYTES", value_parser = units::parse_bytes)]
+    pub device_memory: Option<u64>,
+    /// Which device's trace of a multi-GPU snapshot to replay (default: the first that has
+    /// entries).
+    #[arg(long, value_name = "N")]
+    pub device: Option<usize>,
+    /// The CUDA device to replay on with --backend cuda.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub gpu: usize,
+    /// What the replay of a trace recorded mid-run starts from.
+    #[arg(long, value_enum, default_value_t = StartArg::Auto)]
+    pub start: StartArg,
+    /// Write the program the replay runs, one operation a line (`a ID SIZE STREAM`, `f ID`,
+    /// `r ID SIDE`, `c SIDE`, `e`, `s`; format in src/ops.rs), for replaying the same
+    /// operations through another allocator (scripts/pytorch_replay.py). A trace recorded
+    /// mid-run needs `--start live-tensors`: PyTorch's cached layout is no sequence of
+    /// operations.
+    #[arg(long, value_name = "FILE")]
+    pub ops_out: Option<PathBuf>,
+}
 
 /// Replays with at least this many operations in all (passes included) show a progress bar.
 const PROGRESS_MIN_OPS: usize = 250_000;
@@ -93,9 +183,7 @@ pub fn run(args: &ReplayArgs) -> Result<(), CliError> {
 pub fn start_mode(trace: &Trace, settings: &Settings) -> StartMode {
     match &trace.start {
         Err(_) => StartMode::Empty,
-        Ok(_) if trace.settings(true, true, None).ok().as_ref() == Some(settings) => {
-            StartMode::Exact
-        }
+        Ok(_) if trace.recorded().settings().ok().as_ref() == Some(settings) => StartMode::Exact,
         Ok(_) => StartMode::LiveTensors,
     }
 }

@@ -1,7 +1,5 @@
-//! Byte counts for people: printing them in binary units (the library's `units`) and parsing
-//! them with suffixes.
-
-pub use cachalot_tools::units::{grouped, human};
+//! Byte counts from people: parsing them with suffixes (printing them is the library's
+//! `cachalot_tools::units`).
 
 /// Parses a byte count: digits with an optional suffix `K`, `M`, `G`, `T` (powers of 1000)
 /// or `KiB`, `MiB`, `GiB`, `TiB` (powers of 1024), `B` allowed, case-insensitive.
@@ -38,6 +36,8 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
+    use cachalot_tools::units::{grouped, human};
+
     use super::*;
 
     #[test]

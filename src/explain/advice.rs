@@ -7,11 +7,12 @@
 use cachalot::Settings;
 use serde::Serialize;
 
-use crate::replay::{ReplayConfig, ReplayError, StartMode, replay};
-use crate::snapshot::{ReplayOp, ReplayProgram};
+use crate::replay::engine::{ReplayConfig, ReplayError, replay};
+use crate::replay::program::{ReplayOp, ReplayProgram};
+use crate::replay::start::StartMode;
 use crate::units::human;
 
-use super::Breakdown;
+use super::moment::Breakdown;
 
 /// The `max_split_size_mb` values tried.
 pub const MAX_SPLIT_CANDIDATES_MB: [u64; 4] = [64, 128, 256, 512];

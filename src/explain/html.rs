@@ -8,7 +8,7 @@
 //! (`#computed-total`, `#check`), and `#group=N` in the address selects row `N` as a click
 //! would — what `tests/explain_html.rs` reads back from a headless browser.
 
-use crate::replay::Sample;
+use crate::replay::engine::Sample;
 
 /// Most points of the embedded timeline; longer ones keep each bucket's highest values.
 pub const MAX_POINTS: usize = 2000;

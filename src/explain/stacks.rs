@@ -10,9 +10,9 @@
 
 use serde::Serialize;
 
-use crate::snapshot::{
-    Action, BlockStatus, Frame, FrameTable, ReplayOp, ReplayProgram, Snapshot, StackId,
-};
+use cachalot::snapshot::{Action, BlockStatus, Frame, FrameTable, Snapshot, StackId};
+
+use crate::replay::program::{ReplayOp, ReplayProgram};
 
 /// Where a handle of a replay program was allocated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,7 +31,7 @@ pub struct Origin {
 /// is the dumped block's when the trace never frees them (the block is still there at the dump,
 /// with the stack PyTorch recorded for its allocation), else unknown — PyTorch's `free` entries
 /// carry the stack of the free, not of the allocation. Every later handle is the trace's
-/// `n`-th `alloc` or `oom` entry, in order (how [`crate::snapshot::replay_ops_from`] numbers them).
+/// `n`-th `alloc` or `oom` entry, in order (how [`crate::replay::replay_ops_from`] numbers them).
 pub fn origins(snapshot: &Snapshot, device: usize, program: &ReplayProgram) -> Vec<Origin> {
     let n = program.num_handles();
     let mut out = Vec::with_capacity(n);

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 
 use cachalot::{Backend, BackendError, EventId, MemInfo, StreamId};
 
-use super::is_side_stream;
+use super::interpret::is_side_stream;
 
 /// Successful device calls through a [`HeldBackDevice`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

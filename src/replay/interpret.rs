@@ -7,11 +7,11 @@
 //! reaches the allocator only through [`ReplayTarget`]; it measures nothing.
 
 use cachalot::sizes::Pool;
+use cachalot::snapshot::{BlockStatus, SegmentType};
 use cachalot::{AdoptedBlock, AdoptedSegment, AdoptedState, StreamId};
 
-use crate::snapshot::{BlockStatus, ReplayOp, ReplayProgram, SegmentType};
-
-use super::StartMode;
+use super::program::{ReplayOp, ReplayProgram};
+use super::start::StartMode;
 
 /// The stream ids the replayer uses for cross-stream frees: one per held-back block, above
 /// any real stream handle's range.

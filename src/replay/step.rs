@@ -7,11 +7,10 @@
 
 use cachalot::{CachingCore, Settings, SimDevice, Stats, StreamId};
 
-use crate::snapshot::ReplayProgram;
-
-use super::{
-    CoreTarget, Executed, Interpreter, OfferAddress, ReplayError, StartFailure, StartMode,
-};
+use super::engine::{CoreTarget, OfferAddress, ReplayError};
+use super::interpret::{Executed, Interpreter, StartFailure};
+use super::program::ReplayProgram;
+use super::start::StartMode;
 
 /// A replay of one program on a simulated device, one operation at a time.
 pub struct Stepper<'p> {
@@ -133,8 +132,8 @@ impl<'p> Stepper<'p> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::replay::program::ReplayOp;
     use crate::replay::{ReplayConfig, replay};
-    use crate::snapshot::ReplayOp;
 
     fn program() -> ReplayProgram {
         let mut ops = Vec::new();

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::SnapshotError;
+use super::error::SnapshotError;
 
 /// PyTorch's own figures for a recorded workload (`NAME.json` beside `NAME.pickle`), taken
 /// right before the snapshot was dumped: what a replay of the snapshot's trace must reproduce.

@@ -1,5 +1,5 @@
-//! PyTorch memory snapshots: reading them, writing them, and turning their traces into replay
-//! programs.
+//! PyTorch memory snapshots: reading them and writing them (their traces become replay
+//! programs in [`crate::replay`]).
 //!
 //! A snapshot is what `torch.cuda.memory._dump_snapshot()` writes: a Python pickle (protocol 4
 //! from Python 3.8–3.13, 5 from 3.14) of a dict with
@@ -22,17 +22,11 @@
 //!
 //! [`read_snapshot`] / [`parse_snapshot`] give a [`Snapshot`] of plain Rust types;
 //! [`write_snapshot`] writes one back in the same format (what `torch.cuda._memory_viz` reads);
-//! [`replay_ops`] turns one device's trace into a [`ReplayProgram`]; [`read_figures`] reads the
-//! JSON sidecar that `scripts/record_traces.py` writes next to each recorded snapshot.
-//!
-//! # Recording that began mid-run
-//!
-//! Users start recording after a warm-up, or let the ring buffer wrap: the process then held
-//! segments, live tensors and cached blocks at the trace's first entry. [`Snapshot::start_of`]
-//! rebuilds that state from the dumped segments by walking the trace backwards
-//! ([`reconstruct_start`]), and [`replay_ops_from`] makes the blocks live then the program's
-//! first handles ([`ReplayProgram::initial`], the state in [`ReplayProgram::start`]), so the
-//! replay can start where PyTorch was (see `crate::replay::StartMode`).
+//! [`read_figures`] reads the JSON sidecar that `scripts/record_traces.py` writes next to each
+//! recorded snapshot. A trace that began mid-run (after a warm-up, or a wrapped ring buffer)
+//! has its start rebuilt from the dumped segments by the replay
+//! ([`crate::replay::reconstruct_start`]), which turns traces into programs
+//! ([`crate::replay::replay_ops`]).
 //!
 //! # Stack frames
 //!
@@ -72,34 +66,25 @@
 //! strings, frame dicts and frame lists as PyTorch's pickler does.
 
 mod error;
-mod figures;
+pub(crate) mod figures;
+mod limits;
 mod pickle;
 mod read;
-mod replay;
-mod start;
 
 // The snapshot's types and its one writer live in the allocator crate (`cachalot::snapshot`,
 // feature `snapshot`), so that a Rust program can dump a live snapshot without this crate;
-// reading, the start's reconstruction and replay live here.
+// reading lives here.
 pub use cachalot::snapshot::{
     Action, AllocatorSettings, BlockState, BlockStatus, DeviceTrace, Frame, FrameId, FrameTable,
     SegmentState, SegmentType, Snapshot, StackId, TraceEntry,
 };
 pub use error::SnapshotError;
 pub use figures::{Figures, read_figures, read_figures_for};
+pub use limits::{MAX_SIZE, ReadLimits};
 pub use read::{
-    ReadLimits, decode_stats, parse_snapshot, parse_snapshot_with_limits, read_snapshot,
+    decode_stats, parse_snapshot, parse_snapshot_with_limits, read_snapshot,
     read_snapshot_with_limits,
 };
-pub use replay::{
-    InitialHandle, ReplayOp, ReplayOptions, ReplayProgram, ReplayReport, replay_ops,
-    replay_ops_from, replay_ops_with,
-};
-pub use start::{StartBlock, StartError, StartSegment, StartState, reconstruct_start};
-
-/// Largest size or address component a snapshot may carry: PyTorch refuses requests above
-/// 2^60 bytes, so a larger size can only come from a corrupt or hostile file.
-pub const MAX_SIZE: u64 = 1 << 60;
 
 /// Writes `snapshot` as a pickle in the format of `torch.cuda.memory._dump_snapshot()`: the one
 /// writer, [`cachalot::snapshot::write_snapshot`], with its failure as a [`SnapshotError`].
@@ -110,46 +95,4 @@ pub fn write_snapshot(snapshot: &Snapshot, w: impl std::io::Write) -> Result<(),
     cachalot::snapshot::write_snapshot(snapshot, w).map_err(|e| SnapshotError::Write {
         reason: e.to_string(),
     })
-}
-
-/// What this crate adds to a [`Snapshot`]: where its recording began, and its replay programs.
-pub trait SnapshotExt {
-    /// The replay program of every device whose trace is not empty, as `(device, program)`,
-    /// with [`ReplayOptions`] taken from the snapshot's allocator settings.
-    ///
-    /// Each program starts from the state reconstructed by [`SnapshotExt::start_of`], or from
-    /// an empty allocator where that fails.
-    fn replay_programs(&self) -> Vec<(usize, ReplayProgram)>;
-
-    /// The allocator's state on `device` when recording began, reconstructed from the dumped
-    /// segments by walking that device's trace backwards ([`reconstruct_start`]).
-    fn start_of(&self, device: usize) -> Result<StartState, StartError>;
-}
-
-impl SnapshotExt for Snapshot {
-    fn replay_programs(&self) -> Vec<(usize, ReplayProgram)> {
-        let options = ReplayOptions::from_settings(self.allocator_settings.as_ref());
-        self.traces
-            .iter()
-            .filter(|t| !t.entries.is_empty())
-            .map(|t| {
-                let start = self.start_of(t.device).unwrap_or_default();
-                (t.device, replay_ops_from(t, &options, &start).0)
-            })
-            .collect()
-    }
-
-    fn start_of(&self, device: usize) -> Result<StartState, StartError> {
-        let empty = DeviceTrace {
-            device,
-            entries: Vec::new(),
-        };
-        let trace = self.traces.get(device).unwrap_or(&empty);
-        let divisions = self
-            .allocator_settings
-            .as_ref()
-            .map(AllocatorSettings::divisions)
-            .unwrap_or([0; 16]);
-        reconstruct_start(trace, &self.segments, &divisions)
-    }
 }

@@ -12,44 +12,15 @@ use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 
-use super::pickle::{self, DecodeError, Node, Pickle, Value};
-use super::{
+use cachalot::snapshot::{
     Action, AllocatorSettings, BlockState, BlockStatus, DeviceTrace, Frame, FrameId, FrameTable,
-    MAX_SIZE, SegmentState, SegmentType, Snapshot, SnapshotError, StackId, TraceEntry,
+    SegmentState, SegmentType, Snapshot, StackId, TraceEntry,
 };
 
-/// Bounds on what the reader accepts, so that a hostile or corrupt file costs bounded memory
-/// and time (decoding is one linear pass over the input).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReadLimits {
-    /// Largest input in bytes, after gzip decompression (default 1 GiB).
-    pub max_input_bytes: u64,
-    /// Most values the decoder may hold at once (default 2^24): nodes (strings, lists, tuples,
-    /// dicts), container items, memo slots and pickle-stack items. Memo references share the
-    /// value they refer to, so this counts what is stored, not what the references would
-    /// expand to. A container item or memo slot costs 16 bytes, a node about 60 (its entry,
-    /// bookkeeping and allocation) plus the bytes of a string, which the input size bounds:
-    /// the default bounds the decoder to about 1 GB at worst. A trace entry with stack frames
-    /// stores about 22 values (its frames list is shared with every entry of the same stack),
-    /// so the default takes snapshots of over 700,000 entries; the 128,897-entry
-    /// `gpt2_generate_large` fixture (39 MB) stores 2.9 million.
-    pub max_values: u64,
-    /// Deepest nesting of values (default 32; a snapshot nests 7 deep, a scalar counting 1).
-    pub max_depth: u32,
-    /// Most devices (`device_traces` entries, `device` of a segment) accepted (default 1024).
-    pub max_devices: usize,
-}
-
-impl Default for ReadLimits {
-    fn default() -> Self {
-        ReadLimits {
-            max_input_bytes: 1 << 30,
-            max_values: 1 << 24,
-            max_depth: 32,
-            max_devices: 1024,
-        }
-    }
-}
+use super::error::SnapshotError;
+use super::limits::{MAX_SIZE, ReadLimits};
+use super::pickle::arena::{DecodeError, Node, Pickle, Value};
+use super::pickle::machine::decode;
 
 /// Reads a snapshot file written by `torch.cuda.memory._dump_snapshot()` (or by
 /// [`write_snapshot`](super::write_snapshot)), plain or gzip-compressed, with the default
@@ -107,9 +78,9 @@ fn parse_from(
     limits: &ReadLimits,
 ) -> Result<Snapshot, SnapshotError> {
     let decoded = if gzip {
-        pickle::decode(flate2::read::MultiGzDecoder::new(src), true, None, limits)
+        decode(flate2::read::MultiGzDecoder::new(src), true, None, limits)
     } else {
-        pickle::decode(src, false, size_hint, limits)
+        decode(src, false, size_hint, limits)
     };
     let file = || name.to_string();
     let pickle = decoded.map_err(|e| match e {
@@ -139,14 +110,14 @@ pub fn decode_stats(bytes: &[u8]) -> Result<(u64, usize), String> {
     let gzip = bytes.starts_with(&[0x1f, 0x8b]);
     let limits = ReadLimits::default();
     let p = if gzip {
-        pickle::decode(
+        decode(
             flate2::read::MultiGzDecoder::new(bytes),
             true,
             None,
             &limits,
         )
     } else {
-        pickle::decode(bytes, false, None, &limits)
+        decode(bytes, false, None, &limits)
     }
     .map_err(|e| format!("{e:?}"))?;
     Ok((p.stored_values(), p.num_nodes()))

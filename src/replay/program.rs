@@ -1,9 +1,14 @@
-//! Turning a device trace into a replay program.
+//! Turning a device trace into a replay program: the operations a replayer runs, the trace's
+//! segment addresses, and the blocks live when recording began as the program's first handles.
 
 use std::collections::HashMap;
 
-use super::start::StartState;
-use super::{Action, AllocatorSettings, BlockStatus, DeviceTrace, TraceEntry};
+use cachalot::snapshot::{
+    Action, AllocatorSettings, BlockStatus, DeviceTrace, Snapshot, TraceEntry,
+};
+
+use super::recorded::Recorded;
+use super::start::{StartError, StartState, reconstruct_start};
 
 /// One operation of a [`ReplayProgram`].
 ///
@@ -117,11 +122,9 @@ impl ReplayOptions {
     /// Reclaiming is read off the recorded configuration string, applied over PyTorch's
     /// defaults (cachalot writes its own keys there; PyTorch's strings never name them).
     pub fn from_settings(settings: Option<&AllocatorSettings>) -> ReplayOptions {
-        let reclaims = settings.is_some_and(|s| {
-            cachalot::Settings::pytorch()
-                .apply(&s.alloc_conf)
-                .is_ok_and(|c| c.expandable_segments && c.reclaim_headroom.is_some())
-        });
+        let reclaims = Recorded::new(settings, None)
+            .settings()
+            .is_ok_and(|c| c.expandable_segments && c.reclaim_headroom.is_some());
         ReplayOptions {
             max_split_size: settings.and_then(|s| s.max_split_size),
             reclaims,
@@ -222,7 +225,7 @@ pub fn replay_ops_with(
 }
 
 /// [`replay_ops_with`] for a trace whose recording began in state `start` (see
-/// [`reconstruct_start`](super::reconstruct_start)): the blocks live then become the program's
+/// [`reconstruct_start`]): the blocks live then become the program's
 /// first handles ([`ReplayProgram::initial`]), so the trace's frees of them are replayed.
 pub fn replay_ops_from(
     trace: &DeviceTrace,
@@ -480,4 +483,46 @@ fn is_internal_release(
         return false;
     }
     reserved_before[start] + i128::from(seg.size) > peak
+}
+
+/// What this crate adds to a [`Snapshot`]: where its recording began, and its replay programs.
+pub trait SnapshotExt {
+    /// The replay program of every device whose trace is not empty, as `(device, program)`,
+    /// with [`ReplayOptions`] taken from the snapshot's allocator settings.
+    ///
+    /// Each program starts from the state reconstructed by [`SnapshotExt::start_of`], or from
+    /// an empty allocator where that fails.
+    fn replay_programs(&self) -> Vec<(usize, ReplayProgram)>;
+
+    /// The allocator's state on `device` when recording began, reconstructed from the dumped
+    /// segments by walking that device's trace backwards ([`reconstruct_start`]).
+    fn start_of(&self, device: usize) -> Result<StartState, StartError>;
+}
+
+impl SnapshotExt for Snapshot {
+    fn replay_programs(&self) -> Vec<(usize, ReplayProgram)> {
+        let options = ReplayOptions::from_settings(self.allocator_settings.as_ref());
+        self.traces
+            .iter()
+            .filter(|t| !t.entries.is_empty())
+            .map(|t| {
+                let start = self.start_of(t.device).unwrap_or_default();
+                (t.device, replay_ops_from(t, &options, &start).0)
+            })
+            .collect()
+    }
+
+    fn start_of(&self, device: usize) -> Result<StartState, StartError> {
+        let empty = DeviceTrace {
+            device,
+            entries: Vec::new(),
+        };
+        let trace = self.traces.get(device).unwrap_or(&empty);
+        let divisions = self
+            .allocator_settings
+            .as_ref()
+            .map(AllocatorSettings::divisions)
+            .unwrap_or([0; 16]);
+        reconstruct_start(trace, &self.segments, &divisions)
+    }
 }

@@ -1,4 +1,5 @@
-//! The allocator's state when recording began, reconstructed from the dump.
+//! The replay's start: the allocator's state when recording began, reconstructed from the
+//! dump, and what a replay starts from ([`StartMode`]).
 //!
 //! A snapshot holds the allocator's segments *at the dump* and the trace of what happened
 //! before it. Users start recording after a warm-up, or let the ring buffer wrap, so at the
@@ -25,8 +26,27 @@
 use std::collections::BTreeMap;
 
 use cachalot::sizes::{MAX_ALLOC_SIZE, SMALL_BUFFER, SMALL_SIZE, round_size};
+use cachalot::snapshot::{Action, BlockStatus, DeviceTrace, SegmentState, SegmentType};
+use serde::Serialize;
 
-use super::{Action, BlockStatus, DeviceTrace, SegmentState, SegmentType};
+/// What a replay starts from when the trace's recording began in the middle of a process
+/// ([`ReplayProgram::start`](super::program::ReplayProgram::start) not empty).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StartMode {
+    /// The state PyTorch held, block for block: its segments, the tensors live in them, the
+    /// cross-stream frees in flight and the cached free blocks (rule 18). Right when the
+    /// replayed policy is the one that made that state.
+    #[default]
+    Exact,
+    /// Only the tensors live at the start, allocated in address order through the replayed
+    /// policy before the trace runs (pending ones freed on a side stream at once): what a
+    /// different policy would have held for the same program, without PyTorch's cache.
+    LiveTensors,
+    /// Nothing: the replay starts empty and the trace's frees of blocks allocated before
+    /// recording are dropped (the figures miss what the process held then).
+    Empty,
+}
 
 /// A block of a [`StartSegment`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -400,7 +420,7 @@ fn expandable_start(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::snapshot::{BlockState, StackId, TraceEntry};
+    use cachalot::snapshot::{BlockState, StackId, TraceEntry};
 
     const MIB: u64 = 1 << 20;
 

@@ -1,117 +1,19 @@
-//! A streaming decoder for the part of the pickle format that memory snapshots use.
-//!
-//! It runs the pickle virtual machine over the input as it is read (in 256 KiB pieces, so the
-//! file is never held whole) and builds an *arena*: every string, list, tuple and dict is a
-//! node with a `u32` id, and a container holds [`Value`]s — small scalars inline (`None`,
-//! booleans, 64-bit integers, floats) and node ids for the rest. A memo slot holds a value too,
-//! so a memo reference (`BINGET`) costs one 16-byte value wherever it is used: the memory of a
-//! decoded pickle follows its distinct data, not the number of references to it (PyTorch's
-//! pickler memoises the frame dicts and strings that thousands of trace entries share).
-//!
-//! Two rules, never broken by Python's pickler, keep the arena a tree-shaped DAG with final
-//! node contents:
-//!
-//! - a container is *frozen* once it is put into another container (Python finishes a
-//!   container before anything refers to it); changing a frozen container is refused, which
-//!   also refuses every cycle;
-//! - a frozen list or tuple is *hash-consed*: when it is equal to one frozen before, it becomes
-//!   a forward to that one and its items are freed. A trace entry's `frames` list is a new list
-//!   object for every entry in PyTorch's output, but there are few distinct stacks, so this is
-//!   what keeps a 128,897-entry trace with 86 frames per entry to a few thousand stored stacks.
-//!
-//! Bounds: the decoder counts the values it holds (nodes, container items, memo slots, stack
-//! items and marks) against [`ReadLimits::max_values`], nesting against
-//! [`ReadLimits::max_depth`] (kept per node as items are added, so no pass recurses), and input
-//! bytes against [`ReadLimits::max_input_bytes`]; a length prefix is read in pieces as the data
-//! arrives, so a prefix claiming more than the input holds costs nothing. Decoding is one pass,
-//! linear in the input. Opcodes no snapshot contains (globals, object construction, persistent
-//! ids, extension codes, out-of-band buffers, sets, Python 2 strings) are refused.
+//! The pickle virtual machine: the opcodes snapshots use, run over the input as it is read
+//! into the arena, with the rules that keep it a tree-shaped DAG (frozen containers,
+//! hash-consed lists and tuples) and the bounds on values held and nesting.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::io::Read;
 
-use super::read::ReadLimits;
+use super::arena::{DecodeError, Node, Pickle, Result, Value};
+use super::input::Input;
+use crate::snapshot::limits::ReadLimits;
 
-/// Why decoding failed (the reader adds the file name).
-#[derive(Debug)]
-pub(crate) enum DecodeError {
-    /// Not a pickle, or one using features snapshots never use.
-    NotPickle(String),
-    /// The input ends early.
-    Truncated(String),
-    /// Over a [`ReadLimits`] bound.
-    TooLarge(String),
-    /// Reading the input failed.
-    Io(std::io::Error),
-}
-
-type Result<T> = std::result::Result<T, DecodeError>;
-
-/// A decoded value: a scalar inline, or a node of the arena.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Value {
-    None,
-    Bool(bool),
-    Int(i64),
-    /// An integer outside the 64-bit signed range (up to 32 bytes wide); no snapshot value is.
-    BigInt,
-    Float(f64),
-    Node(u32),
-}
-
-impl PartialEq for Value {
-    fn eq(&self, other: &Self) -> bool {
-        match (self, other) {
-            (Value::None, Value::None) | (Value::BigInt, Value::BigInt) => true,
-            (Value::Bool(a), Value::Bool(b)) => a == b,
-            (Value::Int(a), Value::Int(b)) => a == b,
-            (Value::Float(a), Value::Float(b)) => a.to_bits() == b.to_bits(),
-            (Value::Node(a), Value::Node(b)) => a == b,
-            _ => false,
-        }
-    }
-}
-
-impl Eq for Value {}
-
-impl Hash for Value {
-    fn hash<H: Hasher>(&self, h: &mut H) {
-        match *self {
-            Value::None => h.write_u8(0),
-            Value::Bool(b) => h.write_u8(1 + b as u8),
-            Value::Int(i) => {
-                h.write_u8(3);
-                h.write_i64(i)
-            }
-            Value::BigInt => h.write_u8(4),
-            Value::Float(f) => {
-                h.write_u8(5);
-                h.write_u64(f.to_bits())
-            }
-            Value::Node(n) => {
-                h.write_u8(6);
-                h.write_u32(n)
-            }
-        }
-    }
-}
-
-/// A node of the arena.
-#[derive(Debug)]
-pub(crate) enum Node {
-    Str(Box<str>),
-    /// Bytes (their content is not kept: no snapshot value is bytes).
-    Bytes,
-    List(Vec<Value>),
-    Tuple(Box<[Value]>),
-    Dict(Vec<(Value, Value)>),
-    /// Hash-consed into an equal, earlier node.
-    Forward(u32),
-    /// An open list holding, so far, exactly the items of the frozen list it names (so that
-    /// the thousands of equal `frames` lists are never stored: a later append copies them).
-    SameAs(u32),
-}
+/// Widest integer (`LONG1`/`LONG4`, bytes) accepted.
+const MAX_INT_BYTES: u64 = 32;
+/// The read buffer's size.
+const BUFFER: usize = 256 << 10;
 
 /// What the decoder's hot paths need of a node, kept apart from its content so that it is
 /// compact in the cache.
@@ -122,179 +24,6 @@ struct Meta {
     /// Nesting depth, a scalar counting 1 (an empty container 1, a list of ints 2).
     depth: u32,
     frozen: bool,
-}
-
-/// A decoded pickle: the arena and its root value.
-pub(crate) struct Pickle {
-    nodes: Vec<Node>,
-    root: Value,
-    stored: u64,
-}
-
-impl Pickle {
-    /// The value the pickle's `STOP` returned.
-    pub(crate) fn root(&self) -> Value {
-        self.root
-    }
-
-    /// The node `id` (forwards followed).
-    pub(crate) fn node(&self, id: u32) -> &Node {
-        &self.nodes[self.canonical(id) as usize]
-    }
-
-    /// The canonical id of node `id` (forwards followed).
-    pub(crate) fn canonical(&self, id: u32) -> u32 {
-        match self.nodes[id as usize] {
-            Node::Forward(to) | Node::SameAs(to) => to,
-            _ => id,
-        }
-    }
-
-    /// Values held at the end of decoding (nodes, container items, memo slots).
-    pub(crate) fn stored_values(&self) -> u64 {
-        self.stored
-    }
-
-    /// Nodes in the arena (forwards included).
-    pub(crate) fn num_nodes(&self) -> usize {
-        self.nodes.len()
-    }
-}
-
-/// Widest integer (`LONG1`/`LONG4`, bytes) and longest text number (`INT`, `LONG`, `FLOAT`,
-/// `PUT`, `GET`) accepted.
-const MAX_INT_BYTES: u64 = 32;
-const MAX_TEXT_LINE: usize = 80;
-const BUFFER: usize = 256 << 10;
-
-/// The input, read in pieces.
-struct Input<R> {
-    src: R,
-    buf: Box<[u8]>,
-    pos: usize,
-    end: usize,
-    /// Bytes read from `src` so far.
-    read: u64,
-    limit: u64,
-    gzip: bool,
-    eof: bool,
-}
-
-impl<R: Read> Input<R> {
-    /// Offset of the next byte.
-    fn offset(&self) -> u64 {
-        self.read - (self.end - self.pos) as u64
-    }
-
-    /// Refills the buffer; `false` at the end of the input.
-    fn fill(&mut self) -> Result<bool> {
-        if self.eof {
-            return Ok(false);
-        }
-        loop {
-            match self.src.read(&mut self.buf) {
-                Ok(0) => {
-                    self.eof = true;
-                    return Ok(false);
-                }
-                Ok(n) => {
-                    self.pos = 0;
-                    self.end = n;
-                    self.read += n as u64;
-                    if self.read > self.limit {
-                        return Err(DecodeError::TooLarge(if self.gzip {
-                            format!("it decompresses to more than {} bytes", self.limit)
-                        } else {
-                            format!("the input is larger than {} bytes", self.limit)
-                        }));
-                    }
-                    return Ok(true);
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) if self.gzip && e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                    return Err(DecodeError::Truncated("the gzip stream ends early".into()));
-                }
-                Err(e) if self.gzip => {
-                    return Err(DecodeError::NotPickle(format!(
-                        "gzip magic bytes, but not a valid gzip stream: {e}"
-                    )));
-                }
-                Err(e) => return Err(DecodeError::Io(e)),
-            }
-        }
-    }
-
-    fn truncated(&self, what: &str) -> DecodeError {
-        DecodeError::Truncated(format!(
-            "the input ends at byte {} inside {what}",
-            self.offset()
-        ))
-    }
-
-    #[inline(always)]
-    fn byte(&mut self, what: &str) -> Result<u8> {
-        if self.pos == self.end && !self.fill()? {
-            return Err(self.truncated(what));
-        }
-        let b = self.buf[self.pos];
-        self.pos += 1;
-        Ok(b)
-    }
-
-    #[inline(always)]
-    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
-        let mut out = [0u8; N];
-        if self.end - self.pos >= N {
-            out.copy_from_slice(&self.buf[self.pos..self.pos + N]);
-            self.pos += N;
-        } else {
-            for b in &mut out {
-                *b = self.byte(what)?;
-            }
-        }
-        Ok(out)
-    }
-
-    /// Reads `n` bytes into `out` (cleared first), growing it only as the data arrives.
-    fn bytes(&mut self, n: u64, out: &mut Vec<u8>, what: &str) -> Result<()> {
-        out.clear();
-        let mut left = n;
-        while left > 0 {
-            if self.pos == self.end && !self.fill()? {
-                return Err(self.truncated(what));
-            }
-            let take = (self.end - self.pos).min(usize::try_from(left).unwrap_or(usize::MAX));
-            out.extend_from_slice(&self.buf[self.pos..self.pos + take]);
-            self.pos += take;
-            left -= take as u64;
-        }
-        Ok(())
-    }
-
-    /// A text argument up to its newline.
-    fn line(&mut self, out: &mut Vec<u8>, what: &str) -> Result<()> {
-        out.clear();
-        loop {
-            let b = self.byte(what)?;
-            if b == b'\n' {
-                return Ok(());
-            }
-            if out.len() >= MAX_TEXT_LINE {
-                return Err(DecodeError::NotPickle(format!(
-                    "the text argument of {what} is longer than {MAX_TEXT_LINE} bytes"
-                )));
-            }
-            out.push(b);
-        }
-    }
-
-    /// Whether the input has ended (reading on to its end, so gzip checks its trailer).
-    fn at_end(&mut self) -> Result<bool> {
-        if self.pos < self.end {
-            return Ok(false);
-        }
-        Ok(!self.fill()?)
-    }
 }
 
 struct Machine<'l> {
@@ -324,16 +53,7 @@ pub(crate) fn decode(
     limits: &ReadLimits,
 ) -> Result<Pickle> {
     let capacity = size_hint.map_or(BUFFER, |n| n.clamp(64, BUFFER));
-    let mut input = Input {
-        src,
-        buf: vec![0u8; capacity].into_boxed_slice(),
-        pos: 0,
-        end: 0,
-        read: 0,
-        limit: limits.max_input_bytes,
-        gzip,
-        eof: false,
-    };
+    let mut input = Input::new(src, capacity, limits.max_input_bytes, gzip);
     if input.at_end()? {
         return Err(DecodeError::NotPickle("the input is empty".into()));
     }
@@ -357,11 +77,7 @@ pub(crate) fn decode(
         )));
     }
     let stored = m.stored;
-    Ok(Pickle {
-        nodes: m.nodes,
-        root,
-        stored,
-    })
+    Ok(Pickle::new(m.nodes, root, stored))
 }
 
 fn not_pickle(msg: impl Into<String>) -> DecodeError {

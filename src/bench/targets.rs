@@ -1,0 +1,198 @@
+//! The targets, each met or missed on the results by a stated margin.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::report::{Results, WHOLE_TRACE, allocator_label};
+
+/// One of the targets, evaluated on the results.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Target {
+    /// What is asked.
+    pub target: String,
+    /// Whether every case met it (`None`: no run measured it).
+    pub met: Option<bool>,
+    /// The figures: how far each case is from the target.
+    pub detail: String,
+}
+
+pub(super) fn geomean(values: &[f64]) -> Option<f64> {
+    let v: Vec<f64> = values
+        .iter()
+        .copied()
+        .filter(|x| x.is_finite() && *x > 0.0)
+        .collect();
+    (!v.is_empty()).then(|| (v.iter().map(|x| x.ln()).sum::<f64>() / v.len() as f64).exp())
+}
+
+/// The targets, each checked on every case the results hold.
+pub fn targets(results: &Results) -> Vec<Target> {
+    let mut out = Vec::new();
+    // Hot pair: one thread (≥ 10× faster) and eight threads' aggregate throughput (≥ 25×).
+    for (threads, want, what) in [
+        (
+            1u64,
+            10.0,
+            "hot 1 MiB pair on 1 thread ≥ 10× faster than PyTorch's",
+        ),
+        (
+            8,
+            25.0,
+            "hot 1 MiB pairs, 8 threads: aggregate throughput ≥ 25× PyTorch's",
+        ),
+    ] {
+        let base = results
+            .hot_loop("pytorch", "raw")
+            .and_then(|h| h.wall_at(threads));
+        let mut cases = Vec::new();
+        for path in ["allocator", "buffer"] {
+            if let (Some(base), Some(ours)) = (
+                base,
+                results
+                    .hot_loop("cachalot", path)
+                    .and_then(|h| h.wall_at(threads)),
+            ) {
+                cases.push((path, base / ours, base, ours));
+            }
+        }
+        out.push(Target {
+            target: what.to_string(),
+            met: (!cases.is_empty()).then(|| cases.iter().all(|c| c.1 >= want)),
+            detail: if cases.is_empty() {
+                "not measured (no PyTorch or cachalot hot loop)".into()
+            } else {
+                cases
+                    .iter()
+                    .map(|(path, x, base, ours)| {
+                        format!(
+                            "through {path}: {x:.1}× ({ours:.1} vs {base:.1} ns wall per pair){}",
+                            if *x >= want {
+                                String::new()
+                            } else {
+                                format!(", missed by {:.0}%", (1.0 - x / want) * 100.0)
+                            }
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            },
+        });
+    }
+    // Trace replay speed: ≥ 8× PyTorch's steady ns/op on every trace, for cachalot's policy
+    // against PyTorch's defaults, and for the same policy on both sides.
+    for (ours, theirs) in [("cachalot", "pytorch"), ("cachalot-pytorch", "pytorch")] {
+        let mut cases: Vec<(String, f64)> = Vec::new();
+        for trace in results.trace_names() {
+            let steady = |a: &str| {
+                results
+                    .run(&trace, a)
+                    .and_then(|r| r.ns_per_op_steady)
+                    .filter(|v| *v > 0.0)
+            };
+            if let (Some(o), Some(t)) = (steady(ours), steady(theirs)) {
+                cases.push((trace.clone(), t / o));
+            }
+        }
+        let want = 8.0;
+        let worst = cases
+            .iter()
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|(t, x)| format!("worst {t} {x:.2}×"));
+        let below = cases.iter().filter(|c| c.1 < want).count();
+        out.push(Target {
+            target: format!(
+                "trace replay, steady ns/op: {} ≥ 8× faster than {} on every trace",
+                allocator_label(ours),
+                allocator_label(theirs)
+            ),
+            met: (!cases.is_empty()).then_some(below == 0),
+            detail: if cases.is_empty() {
+                "not measured".into()
+            } else {
+                format!(
+                    "{} of {} traces reach 8×; speed-up geometric mean {:.2}×, {}",
+                    cases.len() - below,
+                    cases.len(),
+                    geomean(&cases.iter().map(|c| c.1).collect::<Vec<_>>()).unwrap_or(0.0),
+                    worst.unwrap_or_default()
+                )
+            },
+        });
+    }
+    // Same policy, same memory.
+    let mut equal = 0;
+    let mut differ = Vec::new();
+    for trace in results.trace_names() {
+        if let (Some(o), Some(t)) = (
+            results.run(&trace, "cachalot-pytorch"),
+            results.run(&trace, "pytorch"),
+        ) {
+            if o.peak_reserved == t.peak_reserved {
+                equal += 1;
+            } else {
+                differ.push(format!(
+                    "{trace}: {} vs {} bytes ({:+.2}%)",
+                    o.peak_reserved,
+                    t.peak_reserved,
+                    (o.peak_reserved as f64 / t.peak_reserved.max(1) as f64 - 1.0) * 100.0
+                ));
+            }
+        }
+    }
+    let n = equal + differ.len();
+    out.push(Target {
+        target: "with PyTorch's settings, cachalot's peak reserved equals PyTorch's on every trace"
+            .into(),
+        met: (n > 0).then_some(differ.is_empty()),
+        detail: if n == 0 {
+            "not measured".into()
+        } else if differ.is_empty() {
+            format!("equal on all {n} traces")
+        } else {
+            format!("equal on {equal} of {n}; differ: {}", differ.join("; "))
+        },
+    });
+    // Own policy below the best of the others.
+    let mut below = 0;
+    let mut tied = Vec::new();
+    let mut above = Vec::new();
+    for trace in results.trace_names() {
+        let Some(ours) = results.run(&trace, "cachalot") else {
+            continue;
+        };
+        let best = WHOLE_TRACE
+            .iter()
+            .filter(|a| **a != "cachalot")
+            .filter_map(|a| results.run(&trace, a).map(|r| (r.peak_reserved, *a)))
+            .min();
+        let Some((best, who)) = best else { continue };
+        match ours.peak_reserved.cmp(&best) {
+            std::cmp::Ordering::Less => below += 1,
+            std::cmp::Ordering::Equal => tied.push(format!("{trace} (= {})", allocator_label(who))),
+            std::cmp::Ordering::Greater => above.push(format!(
+                "{trace}: {:+.2}% above {}",
+                (ours.peak_reserved as f64 / best as f64 - 1.0) * 100.0,
+                allocator_label(who)
+            )),
+        }
+    }
+    let n = below + tied.len() + above.len();
+    let mut detail = format!("below on {below} of {n}");
+    if !tied.is_empty() {
+        let _ = write!(detail, "; equal on {}", tied.join(", "));
+    }
+    if !above.is_empty() {
+        let _ = write!(detail, "; above: {}", above.join("; "));
+    }
+    out.push(Target {
+        target: "cachalot's policy holds less than the best of the others on every trace".into(),
+        met: (n > 0).then_some(tied.is_empty() && above.is_empty()),
+        detail: if n == 0 {
+            "not measured".into()
+        } else {
+            detail
+        },
+    });
+    out
+}
