@@ -91,6 +91,9 @@ pub struct Pass {
     pub device_allocs: u64,
     /// Device calls that gave memory back or unmapped it during the pass (`num_device_free`).
     pub device_frees: u64,
+    /// Bytes of new memory reserved during the pass (the rise of `reserved_bytes.all.allocated`:
+    /// pages created, not pages aliased or re-homed).
+    pub new_bytes: u64,
     /// The highest `reserved_bytes` (all pools) since the side was made, at the pass's end.
     pub peak_reserved: u64,
     /// The highest `requested_bytes` (all pools) since the side was made, at the pass's end.
@@ -187,7 +190,7 @@ pub fn model_passes(
 ) -> Result<Vec<Pass>, String> {
     let mut target = Solo(ModelSide::new(knobs));
     let mut out = Vec::with_capacity(passes);
-    let (mut allocs, mut frees) = (0, 0);
+    let (mut allocs, mut frees, mut reserved) = (0, 0, 0);
     for pass in 0..passes {
         let mut interpreter = Interpreter::new(program);
         let mut done = Pass::default();
@@ -224,6 +227,9 @@ pub fn model_passes(
         done.device_allocs = a - allocs;
         done.device_frees = f - frees;
         (allocs, frees) = (a, f);
+        let r = target.stat("reserved_bytes.all.allocated")?;
+        done.new_bytes = r - reserved;
+        reserved = r;
         done.peak_reserved = target.stat("reserved_bytes.all.peak")?;
         done.peak_requested = target.stat("requested_bytes.all.peak")?;
         out.push(done);
