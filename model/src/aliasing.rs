@@ -19,6 +19,10 @@
 //!   7d, whichever is first) and kept for its later ones; each `malloc` is a request;
 //! - a lent candidate's size, for rule 6's oversize checks, is the lent block's size;
 //! - the free blocks "inside the growth's run" are those starting inside it;
+//! - borrowing (22f) also passes over the free blocks holding the home of a page that a lent
+//!   slot of the growth's run maps: the text as written lets borrowing move such a home into
+//!   the run, and the run's later re-homing step then carves it out of the start, which then
+//!   never grows (found by a random search; `a_borrowed_page_lent_inside_the_run...` below);
 //! - the parts of a free block left by carving keep the time they entered the free set.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -273,6 +277,17 @@ impl Model {
         let (s, _) = state::find_block(&self.segments, target).expect("the unmapped block");
         let (pool, stream) = (self.segments[s].pool, self.segments[s].stream);
         let page = self.page_size(pool);
+        // The model's reading (the text as written loops): the homes of the pages that lent
+        // slots of the run map. Borrowing one would move its home into the run, and the
+        // run's step on that lent slot would then carve it out of the start (rule 22e's run
+        // check, which forbids such a home when the start is taken, made before borrowing).
+        let mut run_homes = Vec::new();
+        for (&slot, &number) in self.page_of.range(run.0..run.1) {
+            let (s, b) = state::block_holding(&self.segments, slot).expect("a mapped slot");
+            if self.segments[s].blocks[b].lent {
+                run_homes.push(self.pages[&number].home);
+            }
+        }
         // Listed once, before any change.
         let mut lenders = Vec::new();
         for range in &self.segments {
@@ -281,6 +296,12 @@ impl Model {
             }
             for block in range.blocks.iter().filter(|b| b.in_free_set()) {
                 if run.0 <= block.address && block.address < run.1 {
+                    continue;
+                }
+                if run_homes
+                    .iter()
+                    .any(|&home| overlaps(home, page, block.address, block.size))
+                {
                     continue;
                 }
                 let end = block.address + block.size;
@@ -957,6 +978,109 @@ mod tests {
         assert_eq!(calls(&m), (4, 3));
         assert_eq!(m.device_used(), 0);
         assert!(m.device.reservations().is_empty());
+    }
+
+    #[test]
+    fn a_borrowed_page_lent_inside_the_run_is_not_taken_so_the_growth_ends() {
+        // Found by a random search (1 GiB, 2 MiB pages, headroom 0), then shrunk. Before the
+        // last request the range begins [free 3 (the home of page p)][6][5][unmapped 2]
+        // [lent 2 (p)][unmapped 2][free 1]..., 48 MiB reserved, 40 requested, W 46. The
+        // 7 MiB request's run starts at the unmapped 2 MiB and sums it, the lent block and
+        // what follows. As written, its first map step borrows p from the free 3 MiB (the
+        // only lender with a whole page): p's home moves into the start, and the step on the
+        // lent block then carves it out again; the start never grows. The model's reading
+        // passes over such a lender: the step maps a new page, and the growth ends.
+        let mut c = ModelConfig::pytorch_defaults(1 << 30);
+        c.expandable_segments = true;
+        c.expandable_page = 2 * MIB;
+        c.reclaim_headroom = Some(0.0);
+        c.page_aliasing = true;
+        let mut m = Model::new(c);
+        let mut handles = std::collections::BTreeMap::new();
+        // (handle, MiB) allocates; (handle, 0) frees; (0, 0) empties the cache.
+        let ops: [(u32, u64); 42] = [
+            (64, 2),
+            (65, 8),
+            (66, 8),
+            (64, 0),
+            (65, 0),
+            (70, 3),
+            (71, 6),
+            (73, 7),
+            (75, 5),
+            (78, 4),
+            (81, 7),
+            (83, 5),
+            (73, 0),
+            (87, 3),
+            (0, 0),
+            (81, 0),
+            (96, 3),
+            (98, 4),
+            (102, 2),
+            (103, 3),
+            (70, 0),
+            (66, 0),
+            (109, 2),
+            (102, 0),
+            (83, 0),
+            (112, 4),
+            (0, 0),
+            (114, 5),
+            (75, 0),
+            (96, 0),
+            (137, 4),
+            (138, 4),
+            (138, 0),
+            (173, 2),
+            (179, 2),
+            (87, 0),
+            (189, 2),
+            (198, 4),
+            (0, 0),
+            (189, 0),
+            (210, 3),
+            (210, 0),
+        ];
+        for (handle, mib) in ops {
+            match (handle, mib) {
+                (0, 0) => m.empty_cache(),
+                (h, 0) => m.free(handles.remove(&h).unwrap()).unwrap(),
+                (h, mib) => {
+                    handles.insert(h, m.malloc(mib * MIB, 0).unwrap());
+                }
+            }
+            check(&m);
+        }
+        assert_eq!(reserved(&m), 48 * MIB);
+        assert_eq!(m.stats().requested_bytes.all.current, (40 * MIB) as i64);
+        assert_eq!(
+            blocks(&m, 0)[..7],
+            [
+                (0, 3, "free"),
+                (3, 6, "alloc"),
+                (9, 5, "alloc"),
+                (14, 2, "unmapped"),
+                (16, 2, "lent"),
+                (18, 2, "unmapped"),
+                (20, 1, "free"),
+            ]
+        );
+        let (allocs, frees) = calls(&m);
+        assert_eq!(malloc(&mut m, 7 * MIB), BASE + 14 * MIB);
+        // A new page for the hole, p re-homed into the lent block (its old home carved: now
+        // lent), a new page for the next hole; the free 1 MiB after it merges.
+        assert_eq!(calls(&m), (allocs + 2, frees));
+        assert_eq!(
+            blocks(&m, 0)[..5],
+            [
+                (0, 2, "lent"),
+                (2, 1, "free"),
+                (3, 6, "alloc"),
+                (9, 5, "alloc"),
+                (14, 7, "alloc"),
+            ]
+        );
     }
 
     #[test]

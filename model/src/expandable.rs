@@ -130,6 +130,7 @@ impl Model {
         };
         let page = self.page_size(pool);
         // Rule 19b: map steps until the start is a free block of at least `rounded` bytes.
+        let mut before: Option<(bool, u64)> = None;
         loop {
             let (s, b) = state::find_block(&self.segments, start).expect("the start exists");
             let blocks = &self.segments[s].blocks;
@@ -137,6 +138,14 @@ impl Model {
             if block.mapped && block.size >= rounded {
                 break;
             }
+            // Every step grows the start (or maps it): the growth ends.
+            assert!(
+                before.is_none_or(|(mapped, size)| (!mapped && block.mapped)
+                    || (mapped == block.mapped && block.size > size)),
+                "growth from {start:#x} makes no progress: {:?} after {before:?}",
+                (block.mapped, block.size)
+            );
+            before = Some((block.mapped, block.size));
             let (target, bytes) = if !block.mapped {
                 // The start is unmapped (or lent): map its first bytes.
                 (b, rounded.min(block.size))
