@@ -440,7 +440,7 @@ fn device_calls(m: &Checked) -> (u64, u64) {
 #[test]
 fn a_loop_whose_allocations_repeat_makes_no_device_call_after_its_first_pass_under_page_aliasing() {
     let mut m = aliasing(64 * GIB);
-    let mut pass = |m: &mut Checked| {
+    let pass = |m: &mut Checked| {
         let a = m.alloc(10 * MIB, 0);
         let b = m.alloc(4 * MIB, 0);
         m.free(a);
