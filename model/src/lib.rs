@@ -202,7 +202,8 @@ impl Model {
 
     /// Makes the next `n` device allocation attempts report out-of-memory, in addition to any
     /// failures already pending. Attempts stopped by the memory fraction never reach the device and do
-    /// not count. Under expandable segments each map step is one attempt (rule 19i).
+    /// not count. Under expandable segments each map step is one attempt (rule 19i), and under
+    /// page aliasing each alias call too (rule 22h).
     pub fn fail_next_device_allocs(&mut self, n: u32) {
         self.device.fail_next(n);
     }
@@ -239,7 +240,7 @@ impl Model {
     }
 
     /// Bytes the simulated device has handed out and not had back, mapped bytes of ranges
-    /// included (rule 19).
+    /// included (rule 19), each page once however many slots map it (rule 22h).
     pub fn device_used(&self) -> u64 {
         self.device.used()
     }
