@@ -4,13 +4,17 @@
 //! The one rule: the program is interpreted by the product's own replay interpreter
 //! ([`Interpreter`], what `cachalot replay` times), with the start adopted and the trace's
 //! segment addresses offered as the product offers them, and the [`Driver`] makes each call on
-//! both sides; the state is compared after every operation.
+//! both sides; the state is compared after every operation. [`model_passes`] runs a program
+//! several times in a row through the model alone, for measurements of its policy.
 
-use cachalot_tools::replay::{Executed, Interpreter, ReplayProgram, StartFailure, StartMode};
+use cachalot::{AdoptedSegment, StreamId};
+use cachalot_tools::replay::{
+    Executed, Interpreter, ReplayProgram, ReplayTarget, StartFailure, StartMode,
+};
 
 use crate::driver::Driver;
 use crate::scenario::Knobs;
-use crate::side::{CoreSide, ModelSide, Side};
+use crate::side::{Call, CoreSide, ModelSide, Outcome, Side, adoption_from_allocator};
 
 /// What a side-by-side replay ran.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -79,4 +83,157 @@ pub fn replay_side_by_side(
         ));
     }
     Ok(done)
+}
+
+/// What one pass of a program through one side alone did ([`passes`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pass {
+    /// Device calls that made or mapped memory during the pass (`num_device_alloc`).
+    pub device_allocs: u64,
+    /// Device calls that gave memory back or unmapped it during the pass (`num_device_free`).
+    pub device_frees: u64,
+    /// Bytes of new memory reserved during the pass (the rise of `reserved_bytes.all.allocated`:
+    /// pages created, not pages aliased or re-homed).
+    pub new_bytes: u64,
+    /// The highest `reserved_bytes` (all pools) since the side was made, at the pass's end.
+    pub peak_reserved: u64,
+    /// The highest `requested_bytes` (all pools) since the side was made, at the pass's end.
+    pub peak_requested: u64,
+    /// Allocations that failed for lack of memory.
+    pub out_of_memory: usize,
+    /// Operations run.
+    pub ops: usize,
+}
+
+/// One side alone as a replay target: each call made through [`Side::call`], any outcome
+/// other than success (or out-of-memory for an allocation) stopping the replay.
+struct Solo<S: Side>(S);
+
+impl<S: Side> Solo<S> {
+    fn call(&mut self, call: Call) -> Result<u64, Outcome> {
+        match self.0.call(&call) {
+            Outcome::Ok(v) => Ok(v),
+            other => Err(other),
+        }
+    }
+
+    /// The statistic at the dotted `path`.
+    fn stat(&self, path: &str) -> Result<u64, String> {
+        let observed = self.0.observe()?;
+        crate::side::stat_paths(&observed.stats)
+            .into_iter()
+            .find(|(p, _)| p == path)
+            .map(|(_, v)| v as u64)
+            .ok_or_else(|| format!("no statistic {path}"))
+    }
+}
+
+impl<S: Side> ReplayTarget for Solo<S> {
+    type Error = Outcome;
+
+    fn is_out_of_memory(error: &Outcome) -> bool {
+        matches!(error, Outcome::OutOfMemory { .. })
+    }
+
+    fn malloc(&mut self, size: u64, stream: StreamId) -> Result<u64, Outcome> {
+        self.call(Call::Malloc {
+            thread: 0,
+            size,
+            stream: stream.0,
+        })
+    }
+
+    fn free(&mut self, address: u64) -> Result<(), Outcome> {
+        self.call(Call::Free { thread: 0, address }).map(drop)
+    }
+
+    fn record_stream(&mut self, address: u64, stream: StreamId) -> Result<(), Outcome> {
+        self.call(Call::RecordStream {
+            thread: 0,
+            address,
+            stream: stream.0,
+        })
+        .map(drop)
+    }
+
+    fn empty_cache(&mut self) -> Result<(), Outcome> {
+        self.call(Call::EmptyCache { thread: 0 }).map(drop)
+    }
+
+    fn adopt_segment(&mut self, segment: AdoptedSegment) -> Result<(), Outcome> {
+        self.call(Call::Adopt {
+            segment: adoption_from_allocator(&segment),
+        })
+        .map(drop)
+    }
+
+    fn complete_stream(&mut self, stream: StreamId) -> Result<(), Outcome> {
+        self.call(Call::CompleteStream { stream: stream.0 })
+            .map(drop)
+    }
+
+    fn offer_address(&mut self, address: Option<u64>) -> Result<(), Outcome> {
+        self.call(Call::SetNextAddress { address }).map(drop)
+    }
+}
+
+/// Runs `program` `passes` times in a row on the model configured by `knobs` alone (no
+/// allocator side): each pass starts from the program's live tensors (allocated, not
+/// adopted), runs every operation (no trace addresses offered), then frees what the program
+/// left live and completes its held-back frees — without emptying the cache, so that a pass
+/// meets what the earlier ones left cached. With `check`, the model's invariants are checked
+/// after every operation (else at the end of each pass). Each pass's figures, in order.
+pub fn model_passes(
+    program: &ReplayProgram,
+    knobs: &Knobs,
+    passes: usize,
+    check: bool,
+) -> Result<Vec<Pass>, String> {
+    let mut target = Solo(ModelSide::new(knobs));
+    let mut out = Vec::with_capacity(passes);
+    let (mut allocs, mut frees, mut reserved) = (0, 0, 0);
+    for pass in 0..passes {
+        let mut interpreter = Interpreter::new(program);
+        let mut done = Pass::default();
+        interpreter
+            .set_up_start(&mut target, program, StartMode::LiveTensors)
+            .map_err(|e| format!("pass {pass}: setting up the start: {e:?}"))?;
+        for i in 0..program.ops.len() {
+            match interpreter
+                .step(&mut target, program, i, false)
+                .map_err(|e| format!("pass {pass}, op {i}: {e:?}"))?
+            {
+                Executed::AllocationFailed => done.out_of_memory += 1,
+                Executed::Allocated | Executed::Freed | Executed::Other => {}
+            }
+            done.ops += 1;
+            if check {
+                target
+                    .0
+                    .check_invariants()
+                    .map_err(|e| format!("pass {pass}, after op {i}: {e}"))?;
+            }
+        }
+        interpreter
+            .release_all(&mut target)
+            .map_err(|e| format!("pass {pass}: freeing what the program left: {e:?}"))?;
+        target
+            .0
+            .check_invariants()
+            .map_err(|e| format!("pass {pass}, at its end: {e}"))?;
+        let (a, f) = (
+            target.stat("num_device_alloc")?,
+            target.stat("num_device_free")?,
+        );
+        done.device_allocs = a - allocs;
+        done.device_frees = f - frees;
+        (allocs, frees) = (a, f);
+        let r = target.stat("reserved_bytes.all.allocated")?;
+        done.new_bytes = r - reserved;
+        reserved = r;
+        done.peak_reserved = target.stat("reserved_bytes.all.peak")?;
+        done.peak_requested = target.stat("requested_bytes.all.peak")?;
+        out.push(done);
+    }
+    Ok(out)
 }

@@ -40,6 +40,8 @@ pub struct Knobs {
     pub expandable_page: u64,
     /// `reclaim_headroom` (rule 20; `None`: no reclaim).
     pub reclaim_headroom: Option<f64>,
+    /// `page_aliasing` (rule 22).
+    pub page_aliasing: bool,
 }
 
 impl Knobs {
@@ -57,6 +59,7 @@ impl Knobs {
             expandable_segments: false,
             expandable_page: 20 * MIB,
             reclaim_headroom: None,
+            page_aliasing: false,
         }
     }
 }
@@ -141,6 +144,7 @@ impl<'a> Arbitrary<'a> for Knobs {
             expandable_segments,
             expandable_page,
             reclaim_headroom,
+            page_aliasing: false,
         })
     }
 }

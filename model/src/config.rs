@@ -49,13 +49,18 @@ pub struct ModelConfig {
     /// this fraction of the requested high-water mark. A decimal in \[0, 1\]; `None` (the
     /// default) turns reclaim off. It acts only under expandable segments.
     pub reclaim_headroom: Option<f64>,
+    /// Rule 22 (cachalot's own policy): pages move between places of a range by being mapped
+    /// a second time (lent blocks, re-homing, borrowing instead of rule 20's unmapping).
+    /// `page_aliasing:True`; off by default. It acts only under expandable segments with a
+    /// `reclaim_headroom` set.
+    pub page_aliasing: bool,
 }
 
 impl ModelConfig {
     /// PyTorch's default settings on a device of `capacity` bytes: no split limit, 20 MiB
     /// non-split rounding, no garbage collection, no power-of-two rounding, no memory
     /// fraction, no address script, no thread caches, no expandable segments (and, should
-    /// they be turned on, PyTorch's 20 MiB large page and no reclaim).
+    /// they be turned on, PyTorch's 20 MiB large page, no reclaim and no page aliasing).
     pub fn pytorch_defaults(capacity: u64) -> Self {
         ModelConfig {
             capacity,
@@ -69,6 +74,7 @@ impl ModelConfig {
             expandable_segments: false,
             expandable_page: DEFAULT_EXPANDABLE_PAGE,
             reclaim_headroom: None,
+            page_aliasing: false,
         }
     }
 

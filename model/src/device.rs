@@ -9,12 +9,12 @@
 //! live like allocated ones. The device keeps its own list of live allocations, so that the
 //! invariant checker can compare it with the model's segments.
 //!
-//! Reservations of address space and the mapping of bytes inside them (rule 19, expandable
-//! segments) are in `device/reservations.rs`.
+//! Reservations of address space, the mapping of pages inside them (rule 19, expandable
+//! segments) and the page table with its aliases (rule 22h) are in `device/reservations.rs`.
 
 mod reservations;
 
-pub(crate) use reservations::Reservation;
+pub(crate) use reservations::{DevicePage, Reservation};
 
 /// The lowest address the device hands out when no script address is left.
 pub(crate) const DEVICE_BASE: u64 = 0x7f00_0000_0000;
@@ -44,6 +44,11 @@ pub(crate) struct Device {
     live: Vec<(u64, u64)>,
     /// Rule 19: reserved address ranges, in reservation order.
     reservations: Vec<Reservation>,
+    /// Rules 19, 22h: the pages mapped in reservations, by page number; each counts once
+    /// against capacity, however many slots map it.
+    pages: std::collections::BTreeMap<u64, DevicePage>,
+    /// The number the next page created gets.
+    next_page: u64,
 }
 
 /// Whether `[a, a + a_size)` and `[b, b + b_size)` share a byte.
@@ -63,6 +68,8 @@ impl Device {
             failures_ahead: 0,
             live: Vec::new(),
             reservations: Vec::new(),
+            pages: std::collections::BTreeMap::new(),
+            next_page: 0,
         }
     }
 
@@ -71,7 +78,8 @@ impl Device {
         self.capacity
     }
 
-    /// Bytes handed out and not freed, and bytes mapped in reservations (rule 19).
+    /// Bytes handed out and not freed, and the bytes of the pages mapped in reservations, each
+    /// page once (rules 19, 22h).
     pub(crate) fn used(&self) -> u64 {
         self.live.iter().map(|&(_, size)| size).sum::<u64>() + self.mapped_bytes()
     }

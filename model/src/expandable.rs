@@ -104,17 +104,33 @@ impl Model {
         {
             return None;
         }
-        // Rule 20: before growing, reclaim free pages if reserved memory would otherwise
-        // exceed the headroom over the requested high-water. Read as coming after the memory
-        // fraction check, which decides whether rule 19b grows at all ("about to grow"); the
-        // differential tests found the allocator reading it so too.
-        self.reclaim_before_growing(pool, stream, rounded, requested);
-        // Rule 19b: the start, in an existing range or a new one.
-        let start = match self.find_start(pool, stream, rounded) {
-            Some(address) => address,
-            None => self.reserve_range(pool, stream)?,
+        if self.aliasing() {
+            // Rule 22f: rule 20's limit, computed as written, once per request (at its first
+            // growth); rule 20's unmapping never runs.
+            if self.request_limit.is_none()
+                && let Some(headroom) = self.config.reclaim_headroom
+            {
+                self.request_limit = Some(self.reclaim_limit(headroom, requested));
+            }
+        } else {
+            // Rule 20: before growing, reclaim free pages if reserved memory would otherwise
+            // exceed the headroom over the requested high-water. Read as coming after the
+            // memory fraction check, which decides whether rule 19b grows at all ("about to
+            // grow"); the differential tests found the allocator reading it so too.
+            self.reclaim_before_growing(pool, stream, rounded, requested);
+        }
+        // Rule 19b: the start, in an existing range or a new one; rule 22e: and its run.
+        let (start, run) = match self.find_start_run(pool, stream, rounded) {
+            Some(found) => found,
+            None => {
+                let base = self.reserve_range(pool, stream)?;
+                let (s, _) = state::find_block(&self.segments, base).expect("the new range");
+                (base, (base, base + self.segments[s].size))
+            }
         };
+        let page = self.page_size(pool);
         // Rule 19b: map steps until the start is a free block of at least `rounded` bytes.
+        let mut before: Option<(bool, u64)> = None;
         loop {
             let (s, b) = state::find_block(&self.segments, start).expect("the start exists");
             let blocks = &self.segments[s].blocks;
@@ -122,28 +138,98 @@ impl Model {
             if block.mapped && block.size >= rounded {
                 break;
             }
+            // Every step grows the start (or maps it): the growth ends.
+            assert!(
+                before.is_none_or(|(mapped, size)| (!mapped && block.mapped)
+                    || (mapped == block.mapped && block.size > size)),
+                "growth from {start:#x} makes no progress: {:?} after {before:?}",
+                (block.mapped, block.size)
+            );
+            before = Some((block.mapped, block.size));
             let (target, bytes) = if !block.mapped {
-                // The start is unmapped: map its first bytes.
+                // The start is unmapped (or lent): map its first bytes.
                 (b, rounded.min(block.size))
             } else {
-                // The start is free and mapped: map the first bytes of the unmapped block
-                // after it.
+                // The start is free and mapped: map the first bytes of the unmapped (or lent)
+                // block after it.
                 let next = &blocks[b + 1];
                 assert!(!next.mapped, "a free start is followed by unmapped space");
                 (b + 1, (rounded - block.size).min(next.size))
             };
-            if !self.map_step(s, target, bytes) {
+            let (lent, target) = {
+                let target = &self.segments[s].blocks[target];
+                (target.lent, target.address)
+            };
+            let mapped = if lent {
+                // Rule 22e: a step on a lent block re-homes the slots covering its bytes, in
+                // whole pages: no device call.
+                self.rehome(target, bytes.div_ceil(page), true);
+                true
+            } else {
+                // Rule 22f (borrowing first, when it is on), then rule 19b.
+                self.map_into_unmapped(target, bytes, run)
+            };
+            if !mapped {
                 return None;
             }
         }
         Some(start)
     }
 
-    /// Rule 19b: the start for a request of `rounded` bytes on `stream` in `pool`: among the
-    /// unmapped blocks of the pool's ranges of that stream, in address order, the first that
-    /// — or whose previous block, when that one is free — begins a run of free or unmapped
-    /// blocks of at least `rounded` bytes. The run's first address.
+    /// Rule 19b's map step of `bytes` (rounded up to whole pages) at the first slots of the
+    /// unmapped block at `address`, for a growth whose run is `run`: under page aliasing with
+    /// a limit, first rule 22f's borrowing; then new pages for what is left. False when a
+    /// device call failed (earlier steps stay).
+    fn map_into_unmapped(&mut self, address: u64, bytes: u64, run: (u64, u64)) -> bool {
+        let (s, _) = state::find_block(&self.segments, address).expect("the unmapped block");
+        let page = self.page_size(self.segments[s].pool);
+        let bytes = bytes.div_ceil(page) * page;
+        let mut taken = 0;
+        if self.aliasing()
+            && let Some(limit) = self.request_limit
+        {
+            let reserved = u128::from(self.reserved());
+            let wanted = u128::from(bytes);
+            if reserved + wanted > limit {
+                let over = (reserved + wanted - limit).div_ceil(u128::from(page));
+                let n = (bytes / page).min(u64::try_from(over).unwrap_or(u64::MAX));
+                match self.borrow(address, n, run) {
+                    Some(pages) => taken = pages,
+                    None => return false,
+                }
+            }
+        }
+        let rest = bytes - taken * page;
+        if rest == 0 {
+            return true;
+        }
+        let (s, b) =
+            state::find_block(&self.segments, address + taken * page).expect("the unmapped rest");
+        self.map_step(s, b, rest)
+    }
+
+    /// Rule 19b: the start for a request of `rounded` bytes on `stream` in `pool` (see
+    /// [`Model::find_start_run`]).
     pub(crate) fn find_start(&self, pool: Pool, stream: u64, rounded: u64) -> Option<u64> {
+        self.find_start_run(pool, stream, rounded)
+            .map(|(start, _)| start)
+    }
+
+    /// Rule 19b: the start for a request of `rounded` bytes on `stream` in `pool`: among the
+    /// unmapped blocks of the pool's ranges of that stream — and (rule 22e) the lent blocks
+    /// all of whose slots are usable — in address order, the first that, or whose previous
+    /// block when that one is free, begins a run of free, unmapped or such lent blocks of at
+    /// least `rounded` bytes, and whose run (rule 22e) holds no two lent slots mapping the same
+    /// page and no lent slot whose page's home lies inside it. The start and its run, as
+    /// `(first byte, end)`.
+    pub(crate) fn find_start_run(
+        &self,
+        pool: Pool,
+        stream: u64,
+        rounded: u64,
+    ) -> Option<(u64, (u64, u64))> {
+        // Rule 22e: a lent block counts when all its slots are usable.
+        let usable_lent = |block: &Block| block.lent && self.usable(block.address, None);
         // The segments are sorted by address, so this visits unmapped blocks in address order.
         for segment in &self.segments {
             if !segment.expandable || segment.pool != pool || segment.stream != stream {
@@ -151,27 +237,39 @@ impl Model {
             }
             let blocks = &segment.blocks;
             for b in 0..blocks.len() {
-                if blocks[b].mapped {
+                if !(blocks[b].is_unmapped() || usable_lent(&blocks[b])) {
                     continue;
                 }
-                // Take the unmapped block, or the free block before it.
+                // Take the unmapped (or lent) block, or the free block before it.
                 let from = if b > 0 && blocks[b - 1].in_free_set() {
                     b - 1
                 } else {
                     b
                 };
-                // Sum the sizes from there on while each block is free or unmapped.
+                // Sum the sizes from there on while each block is free, unmapped or lent
+                // with all its slots usable.
                 let mut sum: u64 = 0;
                 let mut i = from;
                 while sum < rounded
                     && i < blocks.len()
-                    && (blocks[i].in_free_set() || !blocks[i].mapped)
+                    && (blocks[i].in_free_set()
+                        || blocks[i].is_unmapped()
+                        || usable_lent(&blocks[i]))
                 {
                     sum += blocks[i].size;
                     i += 1;
                 }
-                if sum >= rounded {
-                    return Some(blocks[from].address);
+                if sum < rounded {
+                    continue;
+                }
+                let run = (
+                    blocks[from].address,
+                    blocks[i - 1].address + blocks[i - 1].size,
+                );
+                // Rule 22e: a run whose lent slots map a page twice, or one whose home lies
+                // inside the run, is not taken.
+                if self.run_is_takeable(&blocks[from..i], run) {
+                    return Some((blocks[from].address, run));
                 }
             }
         }
@@ -183,8 +281,9 @@ impl Model {
     /// zero bytes).
     fn reserve_range(&mut self, pool: Pool, stream: u64) -> Option<u64> {
         // The capacity is asked of the device when the range is made.
-        let size = range_size(self.page_size(pool), self.device.capacity())?;
-        let base = self.device.reserve(size);
+        let page = self.page_size(pool);
+        let size = range_size(page, self.device.capacity())?;
+        let base = self.device.reserve(size, page);
         let range = Segment {
             address: base,
             size,
@@ -206,20 +305,43 @@ impl Model {
         let pool = self.segments[s].pool;
         let page = self.page_size(pool);
         let unmapped = &self.segments[s].blocks[b];
-        assert!(!unmapped.mapped && bytes > 0 && bytes <= unmapped.size);
-        let (address, size) = (unmapped.address, unmapped.size);
+        assert!(unmapped.is_unmapped() && bytes > 0 && bytes <= unmapped.size);
+        let address = unmapped.address;
         // Whole pages; an unmapped block starts on a page boundary and ends on one.
         let mapped = bytes.div_ceil(page) * page;
         if !self.device.map(address, mapped) {
             return false;
         }
-        let now = self.search_counter(pool);
+        // Rule 22a: each slot maps a new page, whose home it is.
+        self.create_pages(address, mapped, page);
+        self.install_free_block(s, b, mapped);
+        // Statistics: reserved_bytes rises by the mapped bytes (settled from the state); one
+        // device allocation; the segment statistic does not change.
+        self.stats.num_device_alloc += 1;
+        self.settle_stats();
+        true
+    }
+
+    /// Rules 19b, 22f: the first `bytes` (whole pages) of the unmapped block at (`s`, `b`),
+    /// just mapped, become one free block that merges with free mapped neighbours; the rest
+    /// stays unmapped after it.
+    pub(crate) fn install_free_block(&mut self, s: usize, b: usize, bytes: u64) {
+        let now = self.search_counter(self.segments[s].pool);
         let blocks = &mut self.segments[s].blocks;
-        blocks[b] = Block::free(address, mapped, now);
-        if mapped < size {
-            blocks.insert(b + 1, Block::unmapped(address + mapped, size - mapped));
+        let (address, size) = (blocks[b].address, blocks[b].size);
+        assert!(blocks[b].is_unmapped() && bytes <= size);
+        blocks[b] = Block::free(address, bytes, now);
+        if bytes < size {
+            blocks.insert(b + 1, Block::unmapped(address + bytes, size - bytes));
         }
-        // Merge with free mapped neighbours (as rule 10 does).
+        self.merge_free_neighbours(s, b);
+    }
+
+    /// Merges the free mapped block at (`s`, `b`) with its free mapped neighbours (as rule 10
+    /// does); the merged block enters the free set now. Its index.
+    pub(crate) fn merge_free_neighbours(&mut self, s: usize, b: usize) -> usize {
+        let now = self.search_counter(self.segments[s].pool);
+        let blocks = &mut self.segments[s].blocks;
         let mut b = b;
         if b > 0 && blocks[b - 1].in_free_set() {
             let this = blocks.remove(b);
@@ -230,13 +352,8 @@ impl Model {
             let next = blocks.remove(b + 1);
             blocks[b].size += next.size;
         }
-        // The merged block enters the free set now.
         blocks[b].free_since = now;
-        // Statistics: reserved_bytes rises by the mapped bytes (settled from the state); one
-        // device allocation; the segment statistic does not change.
-        self.stats.num_device_alloc += 1;
-        self.settle_stats();
-        true
+        b
     }
 
     /// Rule 19e: the free mapped blocks of `pool`'s ranges, listed in free-set order before
@@ -268,6 +385,8 @@ impl Model {
             return;
         };
         self.device.unmap(first, last - first);
+        // Their pages had no other mapping: they are gone.
+        self.drop_pages(first, last - first, page);
         let now = self.search_counter(pool);
         let blocks = &mut self.segments[s].blocks;
         let mut pieces = Vec::new();
@@ -281,12 +400,12 @@ impl Model {
         }
         blocks.splice(b..=b, pieces);
         // The unmapped part merges with unmapped neighbours.
-        if u > 0 && !blocks[u - 1].mapped {
+        if u > 0 && blocks[u - 1].is_unmapped() {
             let this = blocks.remove(u);
             u -= 1;
             blocks[u].size += this.size;
         }
-        if u + 1 < blocks.len() && !blocks[u + 1].mapped {
+        if u + 1 < blocks.len() && blocks[u + 1].is_unmapped() {
             let next = blocks.remove(u + 1);
             blocks[u].size += next.size;
         }
@@ -302,7 +421,8 @@ impl Model {
     }
 
     /// Rule 19h: the public view of a range: one expandable segment per maximal run of
-    /// mapped blocks, at its first block's address, as large as its blocks together.
+    /// mapped blocks, at its first block's address, as large as its blocks together. Lent
+    /// blocks are not listed and end a run (rule 22a).
     pub(crate) fn range_view(range: &Segment) -> Vec<ModelSegment> {
         let mut runs: Vec<ModelSegment> = Vec::new();
         let mut in_run = false;
@@ -363,12 +483,16 @@ impl Model {
                 .iter()
                 .filter(|e| e.block == block.address)
                 .count();
+            if block.lent {
+                // Rule 22a: lent blocks are checked with the pages (`aliasing.rs`).
+                continue;
+            }
             if !block.mapped {
                 let offset = block.address - range.address;
                 if !offset.is_multiple_of(page) || !(offset + block.size).is_multiple_of(page) {
                     return Err(format!("{here}: unmapped block not aligned to the page"));
                 }
-                if next.is_some_and(|n| !n.mapped) {
+                if next.is_some_and(Block::is_unmapped) {
                     return Err(format!("{here}: two adjacent unmapped blocks"));
                 }
                 let empty = block.state == BlockState::Free
@@ -422,8 +546,8 @@ impl Model {
     }
 
     /// The device's reservations are exactly the ranges, each with exactly the range's
-    /// mapped blocks mapped; the device's used bytes are the mapped bytes plus the classic
-    /// segments' bytes.
+    /// mapped and lent blocks mapped; the device's used bytes are the mapped bytes (each page
+    /// once, under its home) plus the classic segments' bytes.
     pub(crate) fn check_device_ranges(&self) -> Result<(), String> {
         let mut reservations: Vec<RangeShape> = self
             .device
@@ -434,10 +558,18 @@ impl Model {
         reservations.sort_unstable();
         let mut ranges: Vec<RangeShape> = Vec::new();
         for range in self.segments.iter().filter(|s| s.expandable) {
-            let runs: Vec<(u64, u64)> = Model::range_view(range)
-                .iter()
-                .map(|run| (run.address, run.size))
-                .collect();
+            let mut runs: Vec<(u64, u64)> = Vec::new();
+            let mut in_run = false;
+            for block in &range.blocks {
+                if block.is_unmapped() {
+                    in_run = false;
+                } else if in_run {
+                    runs.last_mut().expect("a run was started").1 += block.size;
+                } else {
+                    runs.push((block.address, block.size));
+                    in_run = true;
+                }
+            }
             ranges.push((range.address, range.size, runs));
         }
         if reservations != ranges {

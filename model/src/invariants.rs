@@ -181,6 +181,100 @@ pub enum InvariantViolation {
     /// A block parked twice.
     #[error("a block is parked twice")]
     ParkedTwice,
+    /// Rule 22a: a lent block that does not start and end on its range's page boundaries.
+    #[error("range {range:#x}, lent block {block:#x}: not aligned to the page")]
+    LentBlockUnaligned {
+        /// The range's base.
+        range: u64,
+        /// The block's address.
+        block: u64,
+    },
+    /// Rule 22a: two lent blocks side by side (they would have been merged).
+    #[error("range {range:#x}, lent block {block:#x}: followed by another lent block")]
+    AdjacentLentBlocks {
+        /// The range's base.
+        range: u64,
+        /// The first block's address.
+        block: u64,
+    },
+    /// Rule 22a: a lent block with a requested size, stream uses or events.
+    #[error("range {range:#x}, lent block {block:#x}: holds state")]
+    LentBlockHoldsState {
+        /// The range's base.
+        range: u64,
+        /// The block's address.
+        block: u64,
+    },
+    /// Rule 22i: a slot under mapped or lent blocks that maps no page.
+    #[error("slot {slot:#x} is mapped but maps no page")]
+    SlotWithoutPage {
+        /// The slot's address.
+        slot: u64,
+    },
+    /// Rule 22i: the page table maps a slot of unmapped address space.
+    #[error("slot {slot:#x} is unmapped but maps page {page}")]
+    PageOnUnmappedSlot {
+        /// The slot's address.
+        slot: u64,
+        /// The page.
+        page: u64,
+    },
+    /// Rule 22i: the slots and the pages disagree (a slot maps a page that does not list
+    /// it as its home or as lent, or a page lists a slot twice or one mapping another page).
+    #[error("slot {slot:#x} and page {page} disagree")]
+    PageTableInconsistent {
+        /// The slot's address.
+        slot: u64,
+        /// The page.
+        page: u64,
+    },
+    /// Rule 22i: a page whose home does not lie in mapped blocks.
+    #[error("page {page}: home {home:#x} is not in mapped blocks")]
+    HomeNotMapped {
+        /// The page.
+        page: u64,
+        /// Its home slot.
+        home: u64,
+    },
+    /// Rule 22i: a slot lent a page that is not in a lent block.
+    #[error("page {page}: lent slot {slot:#x} is not in a lent block")]
+    LentSlotNotInLentBlock {
+        /// The page.
+        page: u64,
+        /// The slot.
+        slot: u64,
+    },
+    /// Rule 22i: a slot lent a page whose home is in a range of another pool or stream.
+    #[error("page {page}: lent slot {slot:#x} is in a range of another pool or stream")]
+    LentSlotOfOtherPoolOrStream {
+        /// The page.
+        page: u64,
+        /// The slot.
+        slot: u64,
+    },
+    /// Rule 22h: the device holds another number of pages than the model.
+    #[error("the device holds {device} pages, the model {model}")]
+    DevicePageCount {
+        /// The device's pages.
+        device: usize,
+        /// The model's pages.
+        model: usize,
+    },
+    /// Rule 22h: the device maps the page at this slot (or the slot) otherwise than the
+    /// model says.
+    #[error("the device maps slot {slot:#x} otherwise than the model")]
+    DevicePageTable {
+        /// A slot of the page at fault.
+        slot: u64,
+    },
+    /// Rule 22i: one device page lies under live blocks at two slots.
+    #[error("one page lies under live blocks at slots {first:#x} and {second:#x}")]
+    PageUnderTwoLiveBlocks {
+        /// The first slot.
+        first: u64,
+        /// The second slot.
+        second: u64,
+    },
 }
 
 impl Model {
@@ -194,7 +288,9 @@ impl Model {
         self.check_events()?;
         self.check_stats()?;
         self.check_threads()?;
-        self.check_device()
+        self.check_device()?;
+        // Rule 22: pages, their homes and their mappings.
+        self.check_pages()
     }
 
     /// Segments are sorted by address and do not overlap.

@@ -14,6 +14,7 @@
 //! Code comments name the rule of ARCHITECTURE.md each step implements ("Rule 13: split").
 
 mod adopt;
+mod aliasing;
 mod config;
 mod device;
 mod expandable;
@@ -61,6 +62,17 @@ pub struct Model {
     /// reached since the model was made (kept apart from the statistic's peak, which a
     /// reset of peak statistics would lower).
     requested_high_water: u64,
+    /// Rule 22a: the model's page table — every page of every range, by page number: its
+    /// home slot and its lent slots.
+    pages: std::collections::BTreeMap<u64, aliasing::Page>,
+    /// Rule 22a: every mapped slot of every range (under mapped and lent blocks), by its
+    /// address: the page it maps.
+    page_of: std::collections::BTreeMap<u64, u64>,
+    /// The number the next page made gets.
+    next_page: u64,
+    /// Rule 22f: rule 20's limit for the request being served, once computed (at its first
+    /// growth).
+    request_limit: Option<u128>,
 }
 
 impl Model {
@@ -93,6 +105,10 @@ impl Model {
             threads: Vec::new(),
             owners: std::collections::BTreeMap::new(),
             requested_high_water: 0,
+            pages: std::collections::BTreeMap::new(),
+            page_of: std::collections::BTreeMap::new(),
+            next_page: 0,
+            request_limit: None,
         };
         if let Some(fraction) = fraction {
             model
@@ -111,6 +127,8 @@ impl Model {
         if size > MAX_ALLOC_SIZE {
             return Err(ModelError::TooLarge { requested: size });
         }
+        // Rule 22f: a new request computes its own limit.
+        self.request_limit = None;
         // Rule 5: process completed events first.
         self.process_events();
         // Rules 2, 3.
@@ -184,7 +202,8 @@ impl Model {
 
     /// Makes the next `n` device allocation attempts report out-of-memory, in addition to any
     /// failures already pending. Attempts stopped by the memory fraction never reach the device and do
-    /// not count. Under expandable segments each map step is one attempt (rule 19i).
+    /// not count. Under expandable segments each map step is one attempt (rule 19i), and under
+    /// page aliasing each alias call too (rule 22h).
     pub fn fail_next_device_allocs(&mut self, n: u32) {
         self.device.fail_next(n);
     }
@@ -221,7 +240,7 @@ impl Model {
     }
 
     /// Bytes the simulated device has handed out and not had back, mapped bytes of ranges
-    /// included (rule 19).
+    /// included (rule 19), each page once however many slots map it (rule 22h).
     pub fn device_used(&self) -> u64 {
         self.device.used()
     }

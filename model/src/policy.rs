@@ -11,6 +11,20 @@ use crate::state::{self, Block, BlockState, Event, Segment};
 use crate::stats::Gauges;
 use crate::{Model, ModelError};
 
+/// What rule 6's search found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Found {
+    /// A free block of the free set, at this address.
+    Free(u64),
+    /// Rule 22d: a lent block at `address`, whose first `slots` slots are re-homed.
+    Lent {
+        /// The lent block's first byte.
+        address: u64,
+        /// How many slots are re-homed.
+        slots: u64,
+    },
+}
+
 impl Model {
     /// Ends a sub-step: recomputes every statistic's current value from the state and turns
     /// the difference into increases and decreases.
@@ -98,7 +112,15 @@ impl Model {
                 Pool::Large => self.large_searches += 1,
             }
         }
-        self.search_free_set(pool, stream, rounded)
+        match self.search_free_set(pool, stream, rounded)? {
+            Found::Free(address) => Some(address),
+            Found::Lent { address, slots } => {
+                // Rule 22d: a lent candidate is re-homed (its first `slots` slots) and the
+                // new free block, not merged, is the found block.
+                self.rehome(address, slots, false);
+                Some(address)
+            }
+        }
     }
 
     /// Rule 17a's question: would a request of `size` bytes on `stream` be served from the
@@ -111,28 +133,42 @@ impl Model {
         self.search_free_set(pool, stream, rounded).is_some()
     }
 
-    /// Rule 6's search itself: the block it would hand out, if any.
-    fn search_free_set(&self, pool: Pool, stream: u64, rounded: u64) -> Option<u64> {
-        // The first entry of the free set at or after (stream, rounded, 0).
+    /// Rule 6's search itself (with rule 19a's walk and rule 22d's lent candidate): the
+    /// block it would hand out, if any. Nothing changes.
+    fn search_free_set(&self, pool: Pool, stream: u64, rounded: u64) -> Option<Found> {
+        // The first entry of the free set at or after (stream, rounded, 0), of the stream (no
+        // reuse across streams); rule 19a: a block of a range may give way to one of smaller
+        // reach.
         let free = state::free_set(&self.segments, pool);
-        let index = free.iter().position(|e| e.key() >= (stream, rounded, 0))?;
-        // No reuse across streams.
-        if free[index].stream != stream {
-            return None;
-        }
-        // Rule 19a: a block of a range may give way to one of smaller reach.
-        let best = &free[expandable::walk_by_reach(&free, index)];
+        let candidate = free
+            .iter()
+            .position(|e| e.key() >= (stream, rounded, 0))
+            .filter(|&index| free[index].stream == stream)
+            .map(|index| &free[expandable::walk_by_reach(&free, index)]);
+        // Rule 22d: the smallest lent block whose first slots are usable, when smaller by
+        // (size, address).
+        let lent = self.lent_candidate(pool, stream, rounded);
+        let (size, found) = match (candidate, lent) {
+            (Some(best), Some((size, address, _)))
+                if (size, address) >= (best.size, best.address) =>
+            {
+                (best.size, Found::Free(best.address))
+            }
+            (_, Some((size, address, slots))) => (size, Found::Lent { address, slots }),
+            (Some(best), None) => (best.size, Found::Free(best.address)),
+            (None, None) => return None,
+        };
         let max_split = self.config.max_split_size;
         // A request below max_split_size does not take an oversize block.
-        if rounded < max_split && best.size >= max_split {
+        if rounded < max_split && size >= max_split {
             return None;
         }
         // An oversize request takes an oversize block only within the rounding allowance.
         let allowance = u128::from(self.config.max_non_split_rounding_size);
-        if rounded >= max_split && u128::from(best.size) >= u128::from(rounded) + allowance {
+        if rounded >= max_split && u128::from(size) >= u128::from(rounded) + allowance {
             return None;
         }
-        Some(best.address)
+        Some(found)
     }
 
     /// Rule 7: no cached block fits a request of `requested` bytes rounded to `rounded`;
@@ -265,6 +301,13 @@ impl Model {
             blocks[b].size = rounded;
             let remainder = Block::free(address + rounded, size - rounded, now);
             blocks.insert(b + 1, remainder);
+            // Rule 22d: a re-homed block's remainder merges with the block after it when
+            // that one is free (a found block of rules 6 and 19b never has a free block after
+            // it: nothing merges then).
+            if b + 2 < blocks.len() && blocks[b + 2].in_free_set() {
+                let next = blocks.remove(b + 2);
+                blocks[b + 1].size += next.size;
+            }
         }
         // Rule 14.
         let block = &mut blocks[b];

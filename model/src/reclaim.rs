@@ -67,7 +67,7 @@ impl Model {
 
     /// Rule 20: `limit = w + ⌊w × H⌋` with `w = max(W, requested_bytes + size)`, the product
     /// in `f64`, floored.
-    fn reclaim_limit(&self, headroom: f64, requested: u64) -> u128 {
+    pub(crate) fn reclaim_limit(&self, headroom: f64, requested: u64) -> u128 {
         let requested_now = self.stats.requested_bytes.all.current as u64;
         let w = self
             .requested_high_water

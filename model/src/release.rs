@@ -35,8 +35,8 @@ impl Model {
 
     /// Rule 9: wait for every outstanding event (streams ascending, each stream's events in
     /// recorded order), then give every free whole segment back to the device, large pool
-    /// then small pool, in free-set order; in each pool, after its segments, unmap the whole
-    /// pages of its free range blocks (rule 19e).
+    /// then small pool, in free-set order; in each pool, after its segments, unmap its lent
+    /// blocks (rule 22g), then the whole pages of its free range blocks (rule 19e).
     pub(crate) fn release_cached_segments(&mut self) {
         self.stats.num_sync_all_streams += 1;
         for stream in self.streams_with_events() {
@@ -52,6 +52,8 @@ impl Model {
                     self.release_segment(entry.address);
                 }
             }
+            // Rule 22g: the lent blocks, before the free mapped blocks.
+            self.unmap_lent_blocks(pool);
             // Rule 19e.
             self.unmap_free_range_blocks(pool);
         }

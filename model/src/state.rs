@@ -2,9 +2,12 @@
 //! the public view of it ([`ModelSegment`], [`ModelBlock`]).
 //!
 //! Under expandable segments (rule 19) a *range* is kept as a [`Segment`] too, marked
-//! `expandable`, tiled by mapped blocks (free, allocated or pending) and unmapped blocks
-//! (`mapped == false`, state `Free`, in no free set). Its public view is built in
-//! `expandable.rs` (rule 19h).
+//! `expandable`, tiled by mapped blocks (free, allocated or pending), unmapped blocks
+//! (`mapped == false`, state `Free`, in no free set) and, under page aliasing (rule 22a),
+//! lent blocks (`mapped == false`, `lent == true`: slots mapping pages whose home is
+//! elsewhere; state `Free`, in no free set, counted in no statistic). Its public view is
+//! built in `expandable.rs` (rule 19h). The pages behind a range's slots are in
+//! `aliasing.rs`.
 
 use crate::rules::Pool;
 
@@ -69,6 +72,9 @@ pub(crate) struct Block {
     /// for an unmapped block of a range (then the state is `Free`, but the block is in no
     /// free set and is never merged with free blocks).
     pub(crate) mapped: bool,
+    /// Rule 22a: whether the block is a lent block — slots that map pages whose home lies
+    /// elsewhere (then `mapped` is false: no memory is handed out through it).
+    pub(crate) lent: bool,
 }
 
 impl Block {
@@ -83,6 +89,7 @@ impl Block {
             pending_events: 0,
             free_since,
             mapped: true,
+            lent: false,
         }
     }
 
@@ -92,6 +99,20 @@ impl Block {
             mapped: false,
             ..Block::free(address, size, 0)
         }
+    }
+
+    /// Rule 22a: a lent block of a range.
+    pub(crate) fn lent(address: u64, size: u64) -> Block {
+        Block {
+            mapped: false,
+            lent: true,
+            ..Block::free(address, size, 0)
+        }
+    }
+
+    /// Rule 19: whether the block is unmapped address space (neither mapped nor lent).
+    pub(crate) fn is_unmapped(&self) -> bool {
+        !self.mapped && !self.lent
     }
 
     /// Whether the block is in its pool's free set: free and mapped (rules 6, 10, 19).
@@ -189,7 +210,7 @@ pub(crate) fn free_set(segments: &[Segment], pool: Pool) -> Vec<FreeEntry> {
             if block.in_free_set() {
                 // Rule 19a: the reach counts an unmapped block right after.
                 let unmapped_after = match segment.blocks.get(i + 1) {
-                    Some(next) if !next.mapped => next.size,
+                    Some(next) if next.is_unmapped() => next.size,
                     _ => 0,
                 };
                 entries.push(FreeEntry {
@@ -206,6 +227,18 @@ pub(crate) fn free_set(segments: &[Segment], pool: Pool) -> Vec<FreeEntry> {
     }
     entries.sort_by_key(FreeEntry::key);
     entries
+}
+
+/// The position (segment index, block index) of the block holding the byte at `address`.
+pub(crate) fn block_holding(segments: &[Segment], address: u64) -> Option<(usize, usize)> {
+    for (s, segment) in segments.iter().enumerate() {
+        for (b, block) in segment.blocks.iter().enumerate() {
+            if block.address <= address && address - block.address < block.size {
+                return Some((s, b));
+            }
+        }
+    }
+    None
 }
 
 /// The position (segment index, block index) of the block starting at `address`.

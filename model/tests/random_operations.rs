@@ -158,3 +158,70 @@ fn random_sequences_keep_the_invariants_with_reclaim_on_a_tiny_device() {
         run(config, seed, 3000);
     }
 }
+
+#[test]
+fn random_sequences_keep_the_invariants_with_page_aliasing() {
+    // Rule 21's policy with rule 22: pages move by aliasing.
+    for seed in 1..=6 {
+        let mut config = ModelConfig::pytorch_defaults(512 * MIB);
+        config.expandable_segments = true;
+        config.expandable_page = 2 * MIB;
+        config.reclaim_headroom = Some(0.025);
+        config.page_aliasing = true;
+        run(config, seed, 3000);
+    }
+}
+
+#[test]
+fn random_sequences_keep_the_invariants_with_page_aliasing_on_a_tiny_device() {
+    for (seed, headroom, page) in [(1, 0.0, 2), (2, 0.25, 2), (3, 0.0, 20), (4, 1.0, 2)] {
+        let mut config = ModelConfig::pytorch_defaults(120 * MIB);
+        config.expandable_segments = true;
+        config.expandable_page = page * MIB;
+        config.max_split_size = 24 * MIB;
+        config.memory_fraction = Some(0.8);
+        config.reclaim_headroom = Some(headroom);
+        config.page_aliasing = true;
+        run(config, seed, 3000);
+    }
+}
+
+/// Requests of whole MiB on one stream, frees and cache releases: the patterns of pages
+/// lent, re-homed and borrowed back and forth (rule 22) that random search found a
+/// non-terminating growth in.
+fn run_whole_mebibytes(config: ModelConfig, seed: u64, steps: usize) {
+    let mut rng = Rng::seeded(seed);
+    let mut model = Model::new(config);
+    let mut live: Vec<u64> = Vec::new();
+    for step in 0..steps {
+        let op = rng.below(100);
+        if op < 50 {
+            match model.malloc((1 + rng.below(8)) * MIB, 0) {
+                Ok(address) => live.push(address),
+                Err(ModelError::OutOfMemory { .. }) => {}
+                Err(other) => panic!("step {step}: unexpected {other}"),
+            }
+        } else if op < 92 && !live.is_empty() {
+            let address = live.swap_remove(rng.below(live.len() as u64) as usize);
+            model.free(address).expect("free of a live allocation");
+        } else if op >= 92 {
+            model.empty_cache();
+        }
+        if let Err(error) = model.check_invariants() {
+            panic!("seed {seed}, step {step}: {error}");
+        }
+    }
+}
+
+#[test]
+fn whole_mebibyte_sequences_keep_the_invariants_and_end_every_growth_with_page_aliasing() {
+    for seed in 0..600 {
+        let mut config =
+            ModelConfig::pytorch_defaults(if seed % 2 == 0 { 64 * MIB } else { 1 << 30 });
+        config.expandable_segments = true;
+        config.expandable_page = 2 * MIB;
+        config.reclaim_headroom = Some([0.0, 0.025, 0.25][(seed % 3) as usize]);
+        config.page_aliasing = true;
+        run_whole_mebibytes(config, seed, 300);
+    }
+}

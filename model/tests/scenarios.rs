@@ -419,3 +419,75 @@ fn script_addresses_come_first() {
     assert_eq!(m.alloc(512, 0), 0x1_0000_0000);
     assert_eq!(m.alloc(512, 1), BASE);
 }
+
+/// Rule 21's policy with rule 22: expandable segments, 2 MiB pages in both pools, reclaim at
+/// 2.5 %, page aliasing, on a large device.
+fn aliasing(capacity: u64) -> Checked {
+    let mut config = ModelConfig::pytorch_defaults(capacity);
+    config.expandable_segments = true;
+    config.expandable_page = 2 * MIB;
+    config.reclaim_headroom = Some(0.025);
+    config.page_aliasing = true;
+    Checked::new(config)
+}
+
+/// (num_device_alloc, num_device_free).
+fn device_calls(m: &Checked) -> (u64, u64) {
+    let stats = m.0.stats();
+    (stats.num_device_alloc, stats.num_device_free)
+}
+
+#[test]
+fn a_loop_whose_allocations_repeat_makes_no_device_call_after_its_first_pass_under_page_aliasing() {
+    let mut m = aliasing(64 * GIB);
+    let pass = |m: &mut Checked| {
+        let a = m.alloc(10 * MIB, 0);
+        let b = m.alloc(4 * MIB, 0);
+        m.free(a);
+        let c = m.alloc(12 * MIB, 0);
+        m.free(b);
+        m.free(c);
+        (a, b, c)
+    };
+    let first = pass(&mut m);
+    assert_eq!(first, (BASE, BASE + 10 * MIB, BASE + 14 * MIB));
+    // A map for A, one for B; for C an alias of A's five freed pages and one new page.
+    assert_eq!(device_calls(&m), (4, 0));
+    let layout = m.0.layout();
+    // The lent block (A's old place) is not listed: one expandable segment of B and C.
+    assert_eq!(layout.len(), 1);
+    assert_eq!(
+        (layout[0].address, layout[0].size),
+        (BASE + 10 * MIB, 16 * MIB)
+    );
+    assert_eq!(m.allocated_reserved(), (0, (16 * MIB) as i64));
+    assert_eq!(m.0.device_used(), 16 * MIB);
+    for _ in 0..4 {
+        assert_eq!(pass(&mut m), first);
+        assert_eq!(device_calls(&m), (4, 0));
+        assert_eq!(m.0.layout(), layout);
+    }
+    // Releasing: the lent block's mappings, then the 16 MiB of pages.
+    m.empty_cache();
+    assert_eq!(device_calls(&m), (4, 2));
+    assert_eq!(m.0.device_used(), 0);
+}
+
+#[test]
+fn page_aliasing_keeps_memory_counted_once_however_many_places_map_it() {
+    let mut m = aliasing(GIB);
+    let a = m.alloc(10 * MIB, 0);
+    let b = m.alloc(4 * MIB, 0);
+    m.free(a);
+    // C's first 10 MiB are A's pages, mapped a second time: reserved and the device's
+    // used memory count them once.
+    let c = m.alloc(12 * MIB, 0);
+    assert_eq!(
+        m.allocated_reserved(),
+        ((16 * MIB) as i64, (16 * MIB) as i64)
+    );
+    assert_eq!(m.0.device_used(), 16 * MIB);
+    assert_eq!(m.block_state(a), None, "A's old place is lent: not listed");
+    m.free(b);
+    m.free(c);
+}

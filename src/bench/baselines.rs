@@ -5,9 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use cachalot::baselines::{
-    BaselineError, DriverBlock, DriverMalloc, PoolBlock, StreamOrderedPool,
-};
+use cachalot::baselines::{BaselineError, DriverBlock, DriverMalloc, PoolBlock, StreamOrderedPool};
 use cachalot::cuda::cudarc::driver::{CudaContext, CudaStream};
 
 use super::allocators::{BenchTarget, Reading, real_streams};

@@ -49,6 +49,7 @@ impl Knobs {
             expandable_segments: settings.expandable_segments,
             expandable_page: settings.expandable_page_size,
             reclaim_headroom: settings.reclaim_headroom,
+            page_aliasing: false,
         };
         let back = self::settings(&knobs);
         if back != *settings {

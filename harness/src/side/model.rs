@@ -22,6 +22,7 @@ pub fn model_config(knobs: &Knobs) -> ModelConfig {
     c.expandable_segments = knobs.expandable_segments;
     c.expandable_page = knobs.expandable_page;
     c.reclaim_headroom = knobs.reclaim_headroom;
+    c.page_aliasing = knobs.page_aliasing;
     c
 }
 

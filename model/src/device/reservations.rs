@@ -1,37 +1,53 @@
-//! The simulated device's address-space reservations (ARCHITECTURE.md, "The simulated
-//! device", for rule 19: expandable segments).
+//! The simulated device's address-space reservations and its page table (ARCHITECTURE.md,
+//! "The simulated device", for rule 19: expandable segments, and rule 22h: page aliasing).
 //!
 //! A reservation takes the next address when one is set and usable for its size (and clears
 //! it, used or not), else the lowest 2 MiB-aligned address at or above [`DEVICE_BASE`] where
 //! the range overlaps no live allocation and no other reservation. It never consumes the
-//! address script and never counts against capacity. Mapping `n` bytes inside a reservation
-//! counts `n` against capacity and fails with out-of-memory when `used + n > capacity`, or
-//! when the device was told to fail (one told failure per map step, as per allocation);
-//! unmapping gives them back; releasing a reservation requires that nothing in it is mapped.
+//! address script and never counts against capacity. It is cut into *slots* of its page.
+//! Mapping `n` bytes of whole slots creates `n / page` *pages* (physical handles), one mapped
+//! at each slot; it counts `n` against capacity and fails with out-of-memory when
+//! `used + n > capacity`, or when the device was told to fail (one told failure per map step,
+//! as per allocation). *Aliasing* (rule 22h) maps, at unmapped slots, the pages already
+//! mapped at other slots: no page is created, nothing more counts against capacity, and it
+//! fails only when told to (a told failure per alias call). Unmapping a slot unmaps that
+//! mapping only; a page's memory goes back when its last mapping is unmapped. Releasing a
+//! reservation requires that nothing in it is mapped.
+//!
+//! The page table is kept the device's way, apart from the model's: each reservation maps
+//! its slots to page numbers, and each page lists its mappings.
 //!
 //! The model never makes a classic device allocation while it holds ranges (rule 19 replaces
 //! rule 8), and refuses to adopt a segment overlapping one (rule 18a), so allocation and
 //! adoption need not look at reservations.
 
+use std::collections::BTreeMap;
+
 use super::{DEVICE_ALIGNMENT, DEVICE_BASE, Device, overlaps};
 
-/// One reserved address range and the bytes mapped inside it.
+/// One reserved address range and what is mapped at its slots.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Reservation {
     /// The range's first byte.
     pub(crate) base: u64,
     /// The range's size in bytes.
     pub(crate) size: u64,
-    /// The mapped parts as `(address, bytes)`, disjoint, in no particular order.
-    pub(crate) mapped: Vec<(u64, u64)>,
+    /// The size of its slots (and of the pages mapped at them).
+    pub(crate) page: u64,
+    /// The mapped slots: slot address → the device's page number.
+    pub(crate) slots: BTreeMap<u64, u64>,
+}
+
+/// One physical page of the device (rule 22h): its size and the slots that map it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct DevicePage {
+    /// Its bytes (its reservation's page).
+    pub(crate) bytes: u64,
+    /// The slot addresses mapping it, in the order they were mapped.
+    pub(crate) mappings: Vec<u64>,
 }
 
 impl Reservation {
-    /// Bytes mapped in the range.
-    fn mapped_bytes(&self) -> u64 {
-        self.mapped.iter().map(|&(_, bytes)| bytes).sum()
-    }
-
     /// Whether `[address, address + bytes)` lies inside the range.
     fn contains(&self, address: u64, bytes: u64) -> bool {
         address >= self.base
@@ -39,15 +55,24 @@ impl Reservation {
                 <= u128::from(self.base) + u128::from(self.size)
     }
 
-    /// The mapped parts merged where they touch, sorted by address.
+    /// The slot addresses of `[address, address + bytes)`, which must be whole slots.
+    fn slots_of(&self, address: u64, bytes: u64) -> Vec<u64> {
+        assert!(
+            (address - self.base).is_multiple_of(self.page) && bytes.is_multiple_of(self.page),
+            "device map, alias or unmap of bytes that are not whole pages"
+        );
+        (0..bytes / self.page)
+            .map(|i| address + i * self.page)
+            .collect()
+    }
+
+    /// The mapped slots merged where they touch, as `(address, bytes)`, sorted by address.
     pub(crate) fn mapped_runs(&self) -> Vec<(u64, u64)> {
-        let mut parts = self.mapped.clone();
-        parts.sort_unstable();
         let mut runs: Vec<(u64, u64)> = Vec::new();
-        for (address, bytes) in parts {
+        for &slot in self.slots.keys() {
             match runs.last_mut() {
-                Some(last) if last.0 + last.1 == address => last.1 += bytes,
-                _ => runs.push((address, bytes)),
+                Some(last) if last.0 + last.1 == slot => last.1 += self.page,
+                _ => runs.push((slot, self.page)),
             }
         }
         runs
@@ -60,20 +85,29 @@ impl Device {
         &self.reservations
     }
 
-    /// Bytes mapped in all reservations.
-    pub(crate) fn mapped_bytes(&self) -> u64 {
-        self.reservations
-            .iter()
-            .map(Reservation::mapped_bytes)
-            .sum()
+    /// The pages, by page number.
+    pub(crate) fn pages(&self) -> &BTreeMap<u64, DevicePage> {
+        &self.pages
     }
 
-    /// Reserves `size` bytes of address space: its base. Counts nothing against capacity and
-    /// never fails.
+    /// The page mapped at the slot starting at `slot`, if any.
+    pub(crate) fn page_at(&self, slot: u64) -> Option<u64> {
+        self.reservations
+            .iter()
+            .find_map(|r| r.slots.get(&slot).copied())
+    }
+
+    /// Bytes of all pages, each counted once however many slots map it.
+    pub(crate) fn mapped_bytes(&self) -> u64 {
+        self.pages.values().map(|p| p.bytes).sum()
+    }
+
+    /// Reserves `size` bytes of address space cut into slots of `page` bytes: its base.
+    /// Counts nothing against capacity and never fails.
     ///
     /// # Panics
     /// If no range of `size` bytes is left above [`DEVICE_BASE`].
-    pub(crate) fn reserve(&mut self, size: u64) -> u64 {
+    pub(crate) fn reserve(&mut self, size: u64, page: u64) -> u64 {
         let base = match self.next.take() {
             Some(next) if self.reservable(next, size) => next,
             _ => self.lowest_reservable_address(size),
@@ -81,7 +115,8 @@ impl Device {
         self.reservations.push(Reservation {
             base,
             size,
-            mapped: Vec::new(),
+            page,
+            slots: BTreeMap::new(),
         });
         base
     }
@@ -136,19 +171,20 @@ impl Device {
             .expect("the address space is exhausted")
     }
 
-    /// Maps `bytes` at `address`, inside a reservation: false for out-of-memory (a told
-    /// failure is spent, or `used + bytes > capacity`), and then nothing is mapped.
+    /// Maps `bytes` of whole slots at `address`, inside a reservation, each at a new page:
+    /// false for out-of-memory (a told failure is spent, or `used + bytes > capacity`), and
+    /// then nothing is mapped.
     ///
     /// # Panics
-    /// If the bytes are not inside one reservation or are already mapped (the model never
-    /// does this).
+    /// If the bytes are not whole slots of one reservation or are already mapped (the model
+    /// never does this).
     pub(crate) fn map(&mut self, address: u64, bytes: u64) -> bool {
         let index = self.reservation_holding(address, bytes);
+        let slots = self.reservations[index].slots_of(address, bytes);
         assert!(
-            self.reservations[index]
-                .mapped
+            slots
                 .iter()
-                .all(|&(a, n)| !overlaps(address, bytes, a, n)),
+                .all(|s| !self.reservations[index].slots.contains_key(s)),
             "device map of bytes already mapped"
         );
         if self.failures_ahead > 0 {
@@ -158,36 +194,95 @@ impl Device {
         if bytes > self.capacity - self.used() {
             return false;
         }
-        self.reservations[index].mapped.push((address, bytes));
+        let page = self.reservations[index].page;
+        for slot in slots {
+            let number = self.next_page;
+            self.next_page += 1;
+            self.pages.insert(
+                number,
+                DevicePage {
+                    bytes: page,
+                    mappings: vec![slot],
+                },
+            );
+            self.reservations[index].slots.insert(slot, number);
+        }
         true
     }
 
-    /// Unmaps `bytes` at `address`, all of them mapped in one reservation.
+    /// Rule 22h: maps at the `bytes` of unmapped whole slots at `address` the pages mapped at
+    /// the `bytes` at `source` (whole mapped slots of one reservation, of the same page, not
+    /// overlapping the target), in order. No page is created. False for out-of-memory when
+    /// told to fail (a told failure is spent), and then nothing is mapped.
     ///
     /// # Panics
-    /// If some of the bytes are not mapped (the model never does this).
+    /// If the target is not unmapped whole slots of one reservation, the source not mapped
+    /// whole slots of one, or they overlap (the model never does this).
+    pub(crate) fn alias(&mut self, address: u64, source: u64, bytes: u64) -> bool {
+        assert!(
+            !overlaps(address, bytes, source, bytes),
+            "device alias onto its own source"
+        );
+        let target = self.reservation_holding(address, bytes);
+        let from = self.reservation_holding(source, bytes);
+        assert_eq!(
+            self.reservations[target].page, self.reservations[from].page,
+            "device alias between reservations of different pages"
+        );
+        let targets = self.reservations[target].slots_of(address, bytes);
+        let sources = self.reservations[from].slots_of(source, bytes);
+        assert!(
+            targets
+                .iter()
+                .all(|s| !self.reservations[target].slots.contains_key(s)),
+            "device alias onto bytes already mapped"
+        );
+        let numbers: Vec<u64> = sources
+            .iter()
+            .map(|s| {
+                *self.reservations[from]
+                    .slots
+                    .get(s)
+                    .expect("device alias of bytes not mapped")
+            })
+            .collect();
+        if self.failures_ahead > 0 {
+            self.failures_ahead -= 1;
+            return false;
+        }
+        for (slot, number) in targets.into_iter().zip(numbers) {
+            self.reservations[target].slots.insert(slot, number);
+            self.pages
+                .get_mut(&number)
+                .expect("a mapped slot's page exists")
+                .mappings
+                .push(slot);
+        }
+        true
+    }
+
+    /// Unmaps the `bytes` of whole slots at `address`, all of them mapped in one
+    /// reservation: each slot's mapping only; a page whose last mapping this was is gone (its
+    /// memory back).
+    ///
+    /// # Panics
+    /// If some of the slots are not mapped (the model never does this).
     pub(crate) fn unmap(&mut self, address: u64, bytes: u64) {
         let index = self.reservation_holding(address, bytes);
-        let end = address + bytes;
-        let mut kept = Vec::new();
-        let mut unmapped = 0;
-        for &(a, n) in &self.reservations[index].mapped {
-            let a_end = a + n;
-            if !overlaps(address, bytes, a, n) {
-                kept.push((a, n));
-                continue;
+        for slot in self.reservations[index].slots_of(address, bytes) {
+            let number = self.reservations[index]
+                .slots
+                .remove(&slot)
+                .expect("device unmap of bytes not mapped");
+            let page = self
+                .pages
+                .get_mut(&number)
+                .expect("a mapped slot's page exists");
+            page.mappings.retain(|&m| m != slot);
+            if page.mappings.is_empty() {
+                self.pages.remove(&number);
             }
-            // The parts of this mapping before and after the unmapped bytes stay mapped.
-            if a < address {
-                kept.push((a, address - a));
-            }
-            if a_end > end {
-                kept.push((end, a_end - end));
-            }
-            unmapped += a_end.min(end) - a.max(address);
         }
-        assert_eq!(unmapped, bytes, "device unmap of bytes not mapped");
-        self.reservations[index].mapped = kept;
     }
 
     /// Gives back the reservation at `base`, nothing of which is mapped.
@@ -201,7 +296,7 @@ impl Device {
             .position(|r| r.base == base)
             .expect("release of an address that is not reserved");
         assert!(
-            self.reservations[index].mapped.is_empty(),
+            self.reservations[index].slots.is_empty(),
             "release of a reservation with mapped bytes"
         );
         self.reservations.remove(index);
@@ -225,45 +320,45 @@ mod tests {
     #[test]
     fn reservations_pack_from_the_base_and_count_nothing() {
         let mut device = Device::new(100 * MIB, vec![0x1000_0000]);
-        assert_eq!(device.reserve(120 * MIB), DEVICE_BASE);
-        assert_eq!(device.reserve(3 * MIB), DEVICE_BASE + 120 * MIB);
-        assert_eq!(device.reserve(2 * MIB), DEVICE_BASE + 124 * MIB);
+        assert_eq!(device.reserve(120 * MIB, MIB), DEVICE_BASE);
+        assert_eq!(device.reserve(3 * MIB, MIB), DEVICE_BASE + 120 * MIB);
+        assert_eq!(device.reserve(2 * MIB, MIB), DEVICE_BASE + 124 * MIB);
         assert_eq!(device.used(), 0);
         // The address script is for allocations only.
         assert_eq!(device.script, vec![0x1000_0000]);
         // A released range is reused when the new one fits in it.
         device.release_reservation(DEVICE_BASE + 120 * MIB);
-        assert_eq!(device.reserve(6 * MIB), DEVICE_BASE + 126 * MIB);
-        assert_eq!(device.reserve(4 * MIB), DEVICE_BASE + 120 * MIB);
+        assert_eq!(device.reserve(6 * MIB, MIB), DEVICE_BASE + 126 * MIB);
+        assert_eq!(device.reserve(4 * MIB, MIB), DEVICE_BASE + 120 * MIB);
     }
 
     #[test]
     fn a_reservation_avoids_live_allocations() {
         let mut device = Device::new(100 * MIB, Vec::new());
         assert_eq!(device.allocate(3 * MIB), Some(DEVICE_BASE));
-        assert_eq!(device.reserve(20 * MIB), DEVICE_BASE + 4 * MIB);
+        assert_eq!(device.reserve(20 * MIB, MIB), DEVICE_BASE + 4 * MIB);
     }
 
     #[test]
     fn the_next_address_is_taken_when_usable_and_cleared_either_way() {
         let mut device = Device::new(100 * MIB, Vec::new());
         device.set_next_address(Some(0x2000_0000));
-        assert_eq!(device.reserve(20 * MIB), 0x2000_0000);
+        assert_eq!(device.reserve(20 * MIB, MIB), 0x2000_0000);
         assert_eq!(device.next, None);
         // Overlapping the first reservation: not used, but cleared.
         device.set_next_address(Some(0x2000_0000 + 2 * MIB));
-        assert_eq!(device.reserve(20 * MIB), DEVICE_BASE);
+        assert_eq!(device.reserve(20 * MIB, MIB), DEVICE_BASE);
         assert_eq!(device.next, None);
         for bad in [0, 0x3000_0100, u64::MAX - 511] {
             device.set_next_address(Some(bad));
-            assert_ne!(device.reserve(2 * MIB), bad);
+            assert_ne!(device.reserve(2 * MIB, MIB), bad);
         }
     }
 
     #[test]
     fn mapping_counts_against_capacity_and_fails_beyond_it() {
         let mut device = Device::new(50 * MIB, Vec::new());
-        let base = device.reserve(60 * MIB);
+        let base = device.reserve(60 * MIB, 10 * MIB);
         assert!(device.map(base, 20 * MIB));
         assert!(device.map(base + 20 * MIB, 20 * MIB));
         assert_eq!(device.used(), 40 * MIB);
@@ -278,7 +373,7 @@ mod tests {
     #[test]
     fn a_told_failure_is_spent_by_one_map_step() {
         let mut device = Device::new(50 * MIB, Vec::new());
-        let base = device.reserve(60 * MIB);
+        let base = device.reserve(60 * MIB, 10 * MIB);
         device.fail_next(1);
         assert!(!device.map(base, 20 * MIB));
         assert_eq!(device.used(), 0);
@@ -288,7 +383,7 @@ mod tests {
     #[test]
     fn unmapping_may_cut_across_map_steps() {
         let mut device = Device::new(100 * MIB, Vec::new());
-        let base = device.reserve(80 * MIB);
+        let base = device.reserve(80 * MIB, 10 * MIB);
         assert!(device.map(base, 20 * MIB));
         assert!(device.map(base + 20 * MIB, 40 * MIB));
         assert_eq!(
@@ -312,8 +407,56 @@ mod tests {
     #[should_panic(expected = "mapped bytes")]
     fn a_reservation_with_mapped_bytes_cannot_be_released() {
         let mut device = Device::new(100 * MIB, Vec::new());
-        let base = device.reserve(40 * MIB);
+        let base = device.reserve(40 * MIB, 10 * MIB);
         assert!(device.map(base, 20 * MIB));
         device.release_reservation(base);
+    }
+
+    #[test]
+    fn an_alias_maps_the_same_pages_again_without_counting_them_twice() {
+        let mut device = Device::new(100 * MIB, Vec::new());
+        let base = device.reserve(80 * MIB, 10 * MIB);
+        assert!(device.map(base, 20 * MIB));
+        assert_eq!(device.used(), 20 * MIB);
+        assert!(device.alias(base + 40 * MIB, base, 20 * MIB));
+        assert_eq!(device.used(), 20 * MIB);
+        assert_eq!(device.pages().len(), 2);
+        assert_eq!(device.page_at(base + 40 * MIB), device.page_at(base));
+        assert_eq!(
+            device.page_at(base + 50 * MIB),
+            device.page_at(base + 10 * MIB)
+        );
+        assert_eq!(
+            device.reservations()[0].mapped_runs(),
+            vec![(base, 20 * MIB), (base + 40 * MIB, 20 * MIB)]
+        );
+        // Unmapping one mapping keeps the page behind the other.
+        device.unmap(base, 20 * MIB);
+        assert_eq!(device.used(), 20 * MIB);
+        assert_eq!(device.page_at(base), None);
+        // The last mapping gives the memory back.
+        device.unmap(base + 40 * MIB, 10 * MIB);
+        assert_eq!(device.used(), 10 * MIB);
+        device.unmap(base + 50 * MIB, 10 * MIB);
+        assert_eq!(device.used(), 0);
+        assert!(device.pages().is_empty());
+        device.release_reservation(base);
+    }
+
+    #[test]
+    fn an_alias_may_map_pages_of_another_reservation_and_a_told_failure_stops_it() {
+        let mut device = Device::new(100 * MIB, Vec::new());
+        let a = device.reserve(40 * MIB, 10 * MIB);
+        let b = device.reserve(40 * MIB, 10 * MIB);
+        assert!(device.map(a, 10 * MIB));
+        device.fail_next(1);
+        assert!(!device.alias(b, a, 10 * MIB));
+        assert_eq!(device.page_at(b), None);
+        assert!(device.alias(b, a, 10 * MIB));
+        assert_eq!(device.page_at(b), device.page_at(a));
+        // Capacity is not asked: the page exists already.
+        assert!(device.map(a + 10 * MIB, 30 * MIB));
+        assert!(device.map(b + 10 * MIB, 30 * MIB));
+        assert_eq!(device.used(), 70 * MIB);
     }
 }
