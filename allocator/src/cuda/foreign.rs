@@ -13,7 +13,7 @@ use cudarc::driver::sys::{self, CUstreamCaptureStatus};
 use cudarc::driver::{CudaStream, result};
 
 use super::{CudaAllocator, CudaError};
-use crate::sync::real::Arc;
+use crate::sync::real::{Arc, OnceLock};
 
 impl CudaAllocator {
     /// A cudarc stream for a `CUstream` (or runtime API `cudaStream_t`) handle that another
@@ -71,8 +71,15 @@ pub struct CurrentContext {
 
 impl CurrentContext {
     /// Reads the calling thread's current context (`cuCtxGetCurrent`: no device work, a
-    /// thread-local read in the driver). Fails only without a usable driver.
+    /// thread-local read in the driver). Fails only without a usable driver
+    /// ([`CudaError::NoDriver`], asked once per process: never a panic).
     pub fn save() -> Result<CurrentContext, CudaError> {
+        static PRESENT: OnceLock<bool> = OnceLock::new();
+        if !*PRESENT.get_or_init(super::backend::driver_library_present) {
+            return Err(CudaError::NoDriver {
+                reason: "the CUDA driver library (libcuda) could not be loaded".into(),
+            });
+        }
         let saved = result::ctx::get_current()?.map(|c| c as usize);
         Ok(CurrentContext { saved })
     }
