@@ -367,10 +367,11 @@ def parent(a: argparse.Namespace) -> int:
     results: List[Dict[str, Any]] = []
     started = time.time()
     print(f"{len(workloads)} workloads x {len(modes)} allocators, {a.warmup}+{a.steps} steps", flush=True)
+    oom: List[Dict[str, Any]] = []
     for w in workloads:
         for m in modes:
             results.append(spawn(a, w, m, None, f"{w}__{m}"))
-    oom: List[Dict[str, Any]] = []
+            write(a, results, oom)  # what is done so far survives a time limit
     if a.oom_workload and not a.no_oom:
         base = next(
             (r for r in results if r["workload"] == a.oom_workload and r["mode"] == "plugin-cachalot"), None
@@ -385,10 +386,18 @@ def parent(a: argparse.Namespace) -> int:
                 )
                 cach["factor"] = factor
                 oom += [nat, cach]
+                write(a, results, oom)
                 if nat.get("oom"):
                     break
                 if time.time() - started > a.budget:
                     break
+    text = write(a, results, oom)
+    print(text)
+    return 0 if all(not r.get("error") for r in results) else 1
+
+
+def write(a: argparse.Namespace, results: List[Dict[str, Any]], oom: List[Dict[str, Any]]) -> str:
+    """Writes OUT/results.json and OUT/results.md; returns the tables."""
     machine = {
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -410,8 +419,7 @@ def parent(a: argparse.Namespace) -> int:
         json.dump({"schema": SCHEMA, "machine": machine, "args": vars(a), "runs": results, "limit_runs": oom}, f, indent=1)
     with open(os.path.join(a.out, "results.md"), "w") as f:
         f.write(f"machine: {json.dumps(machine)}\n\n{text}\n")
-    print(text)
-    return 0 if all(not r.get("error") for r in results) else 1
+    return text
 
 
 def main() -> int:

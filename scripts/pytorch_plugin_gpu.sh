@@ -18,15 +18,18 @@ rm -rf "$out"; mkdir -p "$out" "$dest"
   python3 -c "import sys, platform, torch; print(sys.version.split()[0], platform.libc_ver(), 'torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.device_count(), 'GPUs')"
 } > "$out/machine.txt" 2>&1
 cat "$out/machine.txt"
-python3 -m venv --system-site-packages /tmp/cachalot-venv
-/tmp/cachalot-venv/bin/pip install -q --no-deps --no-index "$wheel" || exit 1
-export PATH=/tmp/cachalot-venv/bin:$PATH
+# Into a folder of its own on the machine's python3 (which may itself be a venv, so a new venv
+# would not see its PyTorch): the package, and the `cachalot` command in its bin/.
+python3 -m pip install -q --no-deps --no-index --target /tmp/cachalot-pkg "$wheel" || exit 1
+export PYTHONPATH=/tmp/cachalot-pkg${PYTHONPATH:+:$PYTHONPATH}
+export PATH=/tmp/cachalot-pkg/bin:$PATH
+python3 -c "import cachalot, torch; print('cachalot', cachalot.__version__, 'torch', torch.__version__)"
 start=$(date +%s)
-python -m pytest -v -p no:cacheprovider python/tests > "$out/pytest.log" 2>&1
+timeout "${PYTEST_TIMEOUT:-150}" python3 -m pytest -v -p no:cacheprovider python/tests > "$out/pytest.log" 2>&1
 echo "pytest exit $? in $(( $(date +%s) - start ))s"; grep -E "passed|failed" "$out/pytest.log" | tail -1
 grep -E "FAILED|ERROR" "$out/pytest.log" | head -20
 start=$(date +%s)
-python scripts/pytorch_plugin_bench.py --out "$out/bench" "$@" 2>&1 | tee "$out/bench.log" | tail -40
+timeout "${BENCH_TIMEOUT:-400}" python3 scripts/pytorch_plugin_bench.py --out "$out/bench" "$@" 2>&1 | tee "$out/bench.log" | tail -40
 echo "bench in $(( $(date +%s) - start ))s"
 tar czf "$dest/plugin.tgz" -C /tmp plugin-out
 cp "$out/machine.txt" "$out/pytest.log" "$dest/" 2>/dev/null
