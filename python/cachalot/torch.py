@@ -16,7 +16,8 @@ refused with a clear error. PyTorch's own statistics functions raise under any p
 allocator ("does not yet support getDeviceStats"); ``install()`` points them at cachalot's
 (``patch_torch=True``), so ``torch.cuda.memory_stats()``, ``max_memory_allocated()``,
 ``memory_summary()``, ``reset_peak_memory_stats()``, ``torch.cuda.memory._record_memory_history``
-and ``_dump_snapshot`` work unchanged. docs/PYTHON.md lists what is supported and what is not.
+and ``_dump_snapshot`` work unchanged, and ``Tensor.record_stream`` records with cachalot
+directly. docs/PYTHON.md lists what is supported and what is not.
 """
 
 from __future__ import annotations
@@ -115,7 +116,8 @@ def install(config: Optional[str] = None, *, pytorch: bool = False, patch_torch:
     string that does not parse raises ``ValueError`` naming the key.
 
     With ``patch_torch`` (default), PyTorch's statistics and history functions, which raise
-    under any pluggable allocator, are pointed at cachalot's (see the module's documentation).
+    under any pluggable allocator, are pointed at cachalot's, and ``Tensor.record_stream``
+    records with cachalot directly (see the module's documentation).
 
     Raises :class:`NoGPUError` without a CUDA GPU (or without PyTorch). Calling it again with
     the same settings does nothing; with others it raises ``RuntimeError``.
@@ -396,6 +398,23 @@ def _patch(torch: ModuleType) -> None:
             record_memory_history(None)
         else:
             record_memory_history(min(int(max_entries), sys.maxsize))
+
+    # tensor.record_stream(s), straight to cachalot. PyTorch 2.11 passes it to the pluggable
+    # allocator's record_stream hook (set by install()), but on the H200 run of 2026-12-01 a
+    # block recorded through that hook was handed out again while its side stream still ran
+    # (python/tests/test_gpu.py, cause not established; docs/PYTHON.md). Recording directly
+    # does not depend on PyTorch reaching the hook; recording twice is harmless.
+    original_record_stream = torch.Tensor.record_stream
+
+    def record_stream(self: Any, stream: Any) -> None:
+        if getattr(self, "is_cuda", False):
+            _native.record_stream(int(self.untyped_storage().data_ptr()), int(stream.cuda_stream))
+        else:
+            original_record_stream(self, stream)
+
+    record_stream.__doc__ = original_record_stream.__doc__
+    patched["Tensor.record_stream"] = original_record_stream
+    torch.Tensor.record_stream = record_stream
 
     replacements: Dict[str, Callable[..., Any]] = {
         "memory_stats_as_nested_dict": memory_stats_as_nested_dict,

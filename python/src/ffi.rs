@@ -39,6 +39,10 @@ unsafe extern "C-unwind" {
     fn cachalot_begin_allocate_to_pool_address() -> *const c_void;
 }
 
+/// How often PyTorch called each hook (`record_stream`, `empty_cache`, `memory_fraction`), for
+/// `cachalot._native.hook_calls()`: whether PyTorch reaches a hook at all.
+static HOOK_CALLS: [AtomicU64; 3] = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+
 /// Failures of frees (which cannot report to PyTorch), counted for `errors()`.
 static FREE_ERRORS: AtomicU64 = AtomicU64::new(0);
 /// How many free failures are printed before the rest are only counted.
@@ -207,10 +211,19 @@ pub unsafe extern "C-unwind" fn cachalot_torch_record_stream(
     ptr: *mut c_void,
     stream: *mut c_void,
 ) {
+    HOOK_CALLS[0].fetch_add(1, Ordering::Relaxed);
     if let Err(message) = guarded("record_stream", || record_stream(ptr, stream)) {
         // SAFETY: called from `recordStream`, a PyTorch operator, which expects exceptions.
         unsafe { throw(message) }
     }
+}
+
+/// [`cachalot_torch_record_stream`] called from Python (`cachalot.torch`'s `Tensor.record_stream`,
+/// which does not rely on PyTorch reaching the hook): the same effect, an error as a message.
+pub fn record_stream_from_python(ptr: usize, stream: usize) -> Result<(), String> {
+    guarded("record_stream", || {
+        record_stream(ptr as *mut c_void, stream as *mut c_void)
+    })
 }
 
 /// `torch.cuda.empty_cache()`: waits for the events of blocks freed while other streams used
@@ -222,6 +235,7 @@ pub unsafe extern "C-unwind" fn cachalot_torch_record_stream(
 /// Called by PyTorch's `emptyCache` (C++ that expects exceptions).
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn cachalot_torch_empty_cache() {
+    HOOK_CALLS[1].fetch_add(1, Ordering::Relaxed);
     if let Err(message) = guarded("empty_cache", || plugin().empty_cache()) {
         // SAFETY: called from PyTorch's `emptyCache`, which expects exceptions.
         unsafe { throw(format!("cachalot: empty_cache: {message}")) }
@@ -246,6 +260,7 @@ fn set_memory_fraction(fraction: f64, device: c_int) -> Result<(), String> {
 /// Called by PyTorch's `setMemoryFraction` (C++ that expects exceptions).
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn cachalot_torch_set_memory_fraction(fraction: f64, device: c_int) {
+    HOOK_CALLS[2].fetch_add(1, Ordering::Relaxed);
     if let Err(message) = guarded("set_memory_fraction", || {
         set_memory_fraction(fraction, device)
     }) {
@@ -285,4 +300,13 @@ pub fn entry_points() -> Vec<(&'static str, usize)> {
 /// How many frees failed since the process started.
 pub fn free_errors() -> u64 {
     FREE_ERRORS.load(Ordering::Relaxed)
+}
+
+/// How often PyTorch called the `record_stream`, `empty_cache` and memory-fraction hooks.
+pub fn hook_calls() -> [(&'static str, u64); 3] {
+    [
+        ("record_stream", HOOK_CALLS[0].load(Ordering::Relaxed)),
+        ("empty_cache", HOOK_CALLS[1].load(Ordering::Relaxed)),
+        ("memory_fraction", HOOK_CALLS[2].load(Ordering::Relaxed)),
+    ]
 }

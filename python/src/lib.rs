@@ -223,6 +223,26 @@ fn merged_snapshot(device: Option<usize>) -> PyResult<Snapshot> {
     Ok(out)
 }
 
+/// Marks the live allocation at `ptr` as used on the stream whose `cudaStream_t` is `stream`
+/// (what `tensor.record_stream(s)` asks): after its free, the block is not reused until the
+/// work queued on the stream by then has completed. RuntimeError for a pointer that is not a
+/// live allocation start of any device's allocator.
+#[pyfunction]
+fn record_stream(ptr: usize, stream: usize) -> PyResult<()> {
+    ffi::record_stream_from_python(ptr, stream).map_err(runtime)
+}
+
+/// How often PyTorch called each hook since the process started: `{"record_stream": n,
+/// "empty_cache": n, "memory_fraction": n}` (whether PyTorch reaches them at all).
+#[pyfunction]
+fn hook_calls<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    for (name, n) in ffi::hook_calls() {
+        d.set_item(name, n)?;
+    }
+    Ok(d)
+}
+
 /// How many frees PyTorch asked for failed (a free cannot raise; the first few are printed).
 #[pyfunction]
 fn free_errors() -> u64 {
@@ -300,7 +320,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(set_memory_fraction, m)?)?;
     m.add_function(wrap_pyfunction!(record_history, m)?)?;
     m.add_function(wrap_pyfunction!(snapshot, m)?)?;
+    m.add_function(wrap_pyfunction!(record_stream, m)?)?;
     m.add_function(wrap_pyfunction!(free_errors, m)?)?;
+    m.add_function(wrap_pyfunction!(hook_calls, m)?)?;
     m.add_function(wrap_pyfunction!(cli, m)?)?;
     m.add_class::<MemorySampler>()?;
     Ok(())

@@ -107,35 +107,61 @@ def test_install_after_cuda_started_is_refused() -> None:
     assert r["error"] and "before PyTorch initialises CUDA" in r["error"]
 
 
+RECORD_STREAM = """
+side = torch.cuda.Stream()
+def once(record):
+    x = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
+    first = x.data_ptr()
+    torch.cuda.synchronize()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)   # the side stream still reads x...
+        x.add_(1)
+    if record:
+        record(x, side)
+    del x                                 # ...when x is freed
+    y = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
+    reused = y.data_ptr() == first
+    torch.cuda.synchronize()
+    del y
+    return reused
+"""
+
+
 def test_record_stream_keeps_a_block_until_the_side_streams_work_is_done() -> None:
     r = run(
-        """
-        ct.install(pytorch=True)
-        side = torch.cuda.Stream()
-        def once(record):
-            x = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
-            first = x.data_ptr()
-            torch.cuda.synchronize()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                torch.cuda._sleep(200_000_000)   # the side stream still reads x...
-                x.add_(1)
-            if record:
-                x.record_stream(side)
-            del x                                 # ...when x is freed
-            y = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
-            reused = y.data_ptr() == first
-            torch.cuda.synchronize()
-            del y
-            return reused
-        RESULT["reused_with_record_stream"] = once(True)
-        RESULT["reused_without"] = once(False)
-        """
+        RECORD_STREAM
+        + """
+ct.install(pytorch=True)
+RESULT["reused_with_record_stream"] = once(lambda t, s: t.record_stream(s))
+RESULT["reused_without"] = once(None)
+RESULT["sync_all"] = ct.stats()["num_sync_all_streams"]
+"""
     )
     # Honoured: the pending block is not handed out while the side stream runs.
     assert r["reused_with_record_stream"] is False
     # The classic bug PyTorch's record_stream exists for, as under PyTorch's own allocator.
     assert r["reused_without"] is True
+
+
+@pytest.mark.xfail(
+    reason="PyTorch's own record_stream path to the plug-in's hook: on the H200 run of "
+    "2026-12-01 the block was reused while the side stream ran (cause not established; "
+    "install() routes Tensor.record_stream to cachalot directly)",
+    strict=False,
+)
+def test_record_stream_through_pytorchs_hook_alone() -> None:
+    r = run(
+        RECORD_STREAM
+        + """
+ct.install(pytorch=True, patch_torch=False)
+RESULT["reused_with_record_stream"] = once(lambda t, s: t.record_stream(s))
+RESULT["hook_calls"] = __import__("cachalot")._native.hook_calls()
+"""
+    )
+    # Which explanation holds: PyTorch does not reach the hook, or the record does not hold.
+    assert r["hook_calls"]["record_stream"] == 1, r["hook_calls"]
+    assert r["reused_with_record_stream"] is False
 
 
 def test_empty_cache_gives_memory_back_to_the_device() -> None:
@@ -150,8 +176,10 @@ def test_empty_cache_gives_memory_back_to_the_device() -> None:
         torch.cuda.empty_cache()
         RESULT["reserved_after"] = ct.stats()["reserved_bytes.all.current"]
         RESULT["freed_on_device"] = torch.cuda.mem_get_info()[0] - free_before
+        RESULT["hook_calls"] = __import__("cachalot")._native.hook_calls()["empty_cache"]
         """
     )
+    assert r["hook_calls"] >= 1
     assert r["reserved_before"] >= 1 << 30 and r["reserved_after"] == 0
     assert r["freed_on_device"] >= (1 << 30) - (64 << 20)
 

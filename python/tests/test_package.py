@@ -54,6 +54,7 @@ def test_hooks_that_need_no_device_do_nothing_on_a_machine_without_one() -> None
     lib.cachalot_torch_free(None, 0, 0, None)  # freeing the null pointer: nothing
     lib.cachalot_torch_empty_cache()  # no allocator made yet: nothing to release
     assert _native.free_errors() == 0
+    assert _native.hook_calls()["empty_cache"] >= 1
 
 
 def test_configuration_strings_are_parsed_as_the_cli_parses_them() -> None:
