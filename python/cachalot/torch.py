@@ -22,6 +22,7 @@ directly. docs/PYTHON.md lists what is supported and what is not.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import pickle
@@ -92,7 +93,7 @@ def installed() -> bool:
 
 def _import_torch() -> ModuleType:
     try:
-        import torch
+        torch: ModuleType = importlib.import_module("torch")
     except ImportError as e:
         raise NoGPUError(
             "cachalot.torch.install() needs PyTorch with CUDA (import torch failed: "
