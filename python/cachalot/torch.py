@@ -394,7 +394,8 @@ def _patch(torch: ModuleType) -> None:
         return segments
 
     def _record_memory_history(enabled: Any = "all", *args: Any, **kwargs: Any) -> None:
-        max_entries = kwargs.get("max_entries", sys.maxsize)
+        # PyTorch's signature: (enabled, context, stacks, max_entries, device, ...).
+        max_entries = kwargs.get("max_entries", args[2] if len(args) > 2 else sys.maxsize)
         if enabled is None or enabled is False:
             record_memory_history(None)
         else:
