@@ -2,8 +2,6 @@
 //! caching allocator (`cachalot replay`) and compare allocator settings on them
 //! (`cachalot compare`). Run `cachalot --help` for the options.
 
-mod cli;
-
 fn main() -> std::process::ExitCode {
-    cli::main()
+    std::process::ExitCode::from(cachalot_tools::run_cli(std::env::args_os()))
 }

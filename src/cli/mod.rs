@@ -18,8 +18,6 @@ mod plot;
 mod replay;
 mod units;
 
-use std::process::ExitCode;
-
 use clap::{Parser, Subcommand};
 
 /// Replay real PyTorch memory traces through cachalot's caching allocator: predict a job's GPU
@@ -50,9 +48,22 @@ pub enum Command {
     BenchReport(bench_report::BenchReportArgs),
 }
 
-/// Runs the program on the process's arguments.
-pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+/// Runs the program on `args` (the program's name first, as `std::env::args_os` gives it) and
+/// returns its exit code. Bad arguments, `--help` and `--version` print what clap prints and
+/// return its code (2, 0, 0) instead of ending the process, so a host program (the Python
+/// package's `cachalot` command) can call it.
+pub fn run<I, T>(args: I) -> u8
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return u8::try_from(e.exit_code()).unwrap_or(2);
+        }
+    };
     let result = match &cli.command {
         Command::Replay(args) => replay::run(args),
         Command::Compare(args) => compare::run(args),
@@ -61,10 +72,10 @@ pub fn main() -> ExitCode {
         Command::BenchReport(args) => bench_report::run(args),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => 0,
         Err(e) => {
             eprintln!("cachalot: {}", e.message);
-            ExitCode::from(e.code)
+            e.code
         }
     }
 }

@@ -1,0 +1,5 @@
+"""``python -m cachalot ...``: the ``cachalot`` command."""
+
+from ._cli import main
+
+main()
