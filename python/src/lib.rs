@@ -26,9 +26,9 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-use cachalot::history::HistoryOptions;
+use cachalot::HistoryOptions;
+use cachalot::Stats;
 use cachalot::snapshot::{DeviceTrace, Snapshot, StackId};
-use cachalot::stats::Stats;
 
 use plugin::{ConfigError, plugin};
 
@@ -107,12 +107,12 @@ fn stats_json(device: usize) -> PyResult<String> {
 /// `torch.cuda.memory_summary()`'s table for `device`.
 #[pyfunction]
 fn memory_summary(device: usize) -> String {
-    let stats = plugin()
+    let (stats, segments) = plugin()
         .devices()
         .find(|(i, _)| *i == device)
-        .map(|(_, d)| d.alloc.stats())
+        .map(|(_, d)| (d.alloc.stats(), d.alloc.segments()))
         .unwrap_or_default();
-    cachalot::cuda::memory_summary(&stats, device)
+    cachalot::cuda::memory_summary(&stats, &segments, device)
 }
 
 /// Sets every peak statistic of `device` to its current value.

@@ -10,10 +10,10 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
+use cachalot::HistoryOptions;
 use cachalot::cuda::cudarc::driver::{CudaContext, CudaStream};
 use cachalot::cuda::{CudaAllocator, CudaError, CurrentContext};
-use cachalot::history::HistoryOptions;
-use cachalot::settings::{Settings, SettingsError};
+use cachalot::{Settings, SettingsError};
 
 /// The most devices the plug-in serves (PyTorch's own limit, `C10_COMPILE_TIME_MAX_GPUS`, is
 /// 120).
