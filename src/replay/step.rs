@@ -133,7 +133,7 @@ impl<'p> Stepper<'p> {
 mod tests {
     use super::*;
     use crate::replay::program::ReplayOp;
-    use crate::replay::{ReplayConfig, replay};
+    use crate::replay::engine::{ReplayConfig, replay};
 
     fn program() -> ReplayProgram {
         let mut ops = Vec::new();

@@ -12,7 +12,8 @@
 use cudarc::driver::sys::{self, CUstreamCaptureStatus};
 use cudarc::driver::{CudaStream, result};
 
-use super::{CudaAllocator, CudaError};
+use super::CudaAllocator;
+use super::error::CudaError;
 use crate::sync::real::{Arc, OnceLock};
 
 impl CudaAllocator {
