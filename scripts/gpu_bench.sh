@@ -14,7 +14,8 @@
 # Environment: PASSES (timed passes per run, default 3), JOBS (PyTorch's observed passes at
 # once, default 4), MALLOC_PREFIX (cuMemAlloc's lines per trace, default 4000), HOT_PAIRS
 # (pairs per hot loop, default 1000000), ONLY (a regular expression: only the ops files whose
-# name matches, for a quick check).
+# name matches, for a quick check), CACHALOT_CONFIG (settings applied to cachalot's policies:
+# gpu_compare's --cachalot-config), SKIP_PYTORCH=1 (cachalot, the pool and cuMemAlloc only).
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_bench.sh OUT}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -88,12 +89,16 @@ mapfile -t OPS < <(ls "$OUT"/ops/*.ops | grep -E "$ONLY")
 echo "${#OPS[@]} operation files"
 
 stamp cachalot-pool-cumemalloc
+CONFIG=()
+[ -n "${CACHALOT_CONFIG:-}" ] && CONFIG=(--cachalot-config "$CACHALOT_CONFIG")
 "$BIN/examples/gpu_compare" --out "$OUT" --passes "$PASSES" --malloc-prefix "$MALLOC_PREFIX" \
-  --hot-pairs "$HOT_PAIRS" "${OPS[@]}" 2>&1 | tee "$OUT/logs/gpu_compare.log" || failed=1
+  --hot-pairs "$HOT_PAIRS" "${CONFIG[@]}" "${OPS[@]}" 2>&1 | tee "$OUT/logs/gpu_compare.log" || failed=1
 
-stamp pytorch
-python3 "$HERE/pytorch_bench.py" --out "$OUT" --passes "$PASSES" --jobs "$JOBS" \
-  --hot-pairs "$HOT_PAIRS" "${OPS[@]}" 2>&1 | tee "$OUT/logs/pytorch_bench.log" || failed=1
+if [ -z "${SKIP_PYTORCH:-}" ]; then
+  stamp pytorch
+  python3 "$HERE/pytorch_bench.py" --out "$OUT" --passes "$PASSES" --jobs "$JOBS" \
+    --hot-pairs "$HOT_PAIRS" "${OPS[@]}" 2>&1 | tee "$OUT/logs/pytorch_bench.log" || failed=1
+fi
 
 stamp report
 "$BIN/bin/cachalot" bench-report "$OUT" > "$OUT/logs/report.log" 2>&1 || failed=1
