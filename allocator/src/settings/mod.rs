@@ -29,6 +29,7 @@
 //! | `thread_cache_blocks` | integer ≤ 1024 (cachalot's own key) | [`Settings::thread_cache_blocks`] |
 //! | `expandable_page_mb` | even integer in \[2, 1024\] (cachalot's own key) | [`Settings::expandable_page_size`] = N MiB |
 //! | `reclaim_headroom` | decimal in \[0, 1\], or `off` (cachalot's own key) | [`Settings::reclaim_headroom`] |
+//! | `page_aliasing` | `True` / `False` (cachalot's own key; `True` needs `expandable_segments:True`) | [`Settings::page_aliasing`] |
 //! | `release_lock_on_cudamalloc` | `True` / `False` | nothing: only `False` is accepted (below) |
 //! | `pinned_use_cuda_host_register` | `True` / `False` | nothing: only `False` is accepted (below) |
 //! | `pinned_num_register_threads` | power of two ≤ 128 | nothing: only `1` is accepted (below) |
@@ -187,6 +188,14 @@ pub struct Settings {
     /// unmapped first. `None` (PyTorch's behaviour) turns it off; cachalot's default is
     /// [`RECLAIM_HEADROOM`]. Acts only with [`Settings::expandable_segments`].
     pub reclaim_headroom: Option<f64>,
+    /// cachalot's own policy: page aliasing (rule 22; `page_aliasing`). With it, the pages a
+    /// reclaim would unmap are instead mapped a second time where the range grows (no memory
+    /// is given back and created again), so a loop whose allocations repeat reaches a steady
+    /// state with no driver call. `false` (PyTorch's behaviour) turns it off; cachalot's
+    /// default is on. It needs [`Settings::expandable_segments`] (the parser refuses
+    /// `page_aliasing:True` without it, and a string that turns expandable segments off turns
+    /// it off too unless it names it) and acts only with [`Settings::reclaim_headroom`].
+    pub page_aliasing: bool,
 }
 
 /// cachalot's default for [`Settings::thread_cache_blocks`].
@@ -283,6 +292,7 @@ impl Settings {
             thread_cache_blocks: 0,
             expandable_page_size: PYTORCH_EXPANDABLE_PAGE,
             reclaim_headroom: None,
+            page_aliasing: false,
         }
     }
 
@@ -297,12 +307,15 @@ impl Settings {
     ///   memory stays close to the most the program ever asked for. This needs a backend with
     ///   virtual memory ([`crate::Backend::virtual_memory`]); the CUDA allocator given exactly
     ///   these defaults on a GPU without it uses segments instead.
+    /// * `page_aliasing` is on (rule 22): the pages a reclaim moves are mapped a second time
+    ///   where they are needed ([`crate::Backend::alias`]), not unmapped and created again.
     pub fn cachalot() -> Settings {
         Settings {
             thread_cache_blocks: THREAD_CACHE_BLOCKS,
             expandable_segments: true,
             expandable_page_size: CACHALOT_EXPANDABLE_PAGE,
             reclaim_headroom: Some(RECLAIM_HEADROOM),
+            page_aliasing: true,
             ..Settings::pytorch()
         }
     }
