@@ -651,7 +651,53 @@ impl<B: Backend> CachingCore<B> {
 
 #[cfg(test)]
 mod tests {
-    use super::distinct;
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    /// A table of one range at `base` with 2 MiB slots mapping `slots` (page ids), each page at
+    /// home in slot `10 + id`, with these busy counts there.
+    fn table(base: u64, slots: &[u32], busy_homes: &[u32]) -> PageTable {
+        let mut t = PageTable::default();
+        let mut r = RangePages {
+            page: 2 * MIB,
+            slots: Vec::new(),
+            busy: Vec::new(),
+        };
+        for (i, &id) in slots.iter().enumerate() {
+            r.set(i, id);
+        }
+        for id in 0..4u32 {
+            let home = 10 + id as usize;
+            r.set(home, id);
+            r.busy[home] = u32::from(busy_homes.contains(&id));
+            t.new_page(PageInfo {
+                home_range: base,
+                home: base + home as u64 * 2 * MIB,
+                lent: 1,
+            });
+        }
+        t.ranges.insert(base, r);
+        t
+    }
+
+    #[test]
+    fn lent_slots_are_usable_when_they_map_distinct_pages_none_busy() {
+        // Rule 22b.
+        let base = 1 << 40;
+        let t = table(base, &[0, 1, 2], &[]);
+        assert!(t.usable(base, base, 3));
+        // The same page twice in the first slots: not usable, though no page is busy.
+        let t = table(base, &[0, 1, 0], &[]);
+        assert!(t.usable(base, base, 2));
+        assert!(!t.usable(base, base, 3));
+        // A busy page among them.
+        let t = table(base, &[0, 1, 2], &[1]);
+        assert!(t.usable(base, base, 1));
+        assert!(!t.usable(base, base, 2));
+        // Slots past the table map nothing.
+        assert!(!t.usable(base, base + 2 * MIB, 4));
+    }
 
     #[test]
     fn distinct_pages_are_told_from_repeated_ones() {
