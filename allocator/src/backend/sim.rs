@@ -232,6 +232,13 @@ impl SimDevice {
         r.slots.get(&slot).copied()
     }
 
+    /// The slot of a reservation that holds `address`: its first address and size (the
+    /// reservation's page), mapped or not; `None` outside every reservation.
+    pub fn slot_at(&self, address: u64) -> Option<(u64, u64)> {
+        let (&base, r) = self.reservations.range(..=address).next_back()?;
+        (address - base < r.size).then(|| (base + (address - base) / r.page * r.page, r.page))
+    }
+
     /// The slots where `page` is mapped, by address (empty for a page that no longer exists).
     pub fn mappings(&self, page: PageId) -> Vec<u64> {
         let mut out: Vec<u64> = self
@@ -855,6 +862,8 @@ mod tests {
         let (p0, p1) = (d.page_at(r).unwrap(), d.page_at(r + 2 * MIB + 512).unwrap());
         assert_ne!(p0, p1);
         assert_eq!(d.page_at(r + 4 * MIB), None);
+        assert_eq!(d.slot_at(r + 3 * MIB), Some((r + 2 * MIB, 2 * MIB)));
+        assert_eq!(d.slot_at(r + 40 * MIB), None);
         // The two pages at a second place (another reservation would do too): no memory made.
         d.alias(r + 10 * MIB, r, 4 * MIB).unwrap();
         assert_eq!(d.page_at(r + 10 * MIB), Some(p0));

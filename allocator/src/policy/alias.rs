@@ -235,19 +235,26 @@ impl<B: Backend> CachingCore<B> {
     }
 
     /// Rule 22d: the smallest `(size, address)` lent block of the pool and stream with room for
-    /// `rounded` bytes whose first `⌈rounded / page⌉` slots are usable.
+    /// `rounded` bytes whose first `⌈rounded / page⌉` slots are usable — among those smaller by
+    /// `(size, address)` than `below` (rule 19a's candidate), when there is one: only such a
+    /// block can win, so a cache hit looks at no other.
     pub(super) fn lent_candidate(
         &self,
         pool: Pool,
         stream: StreamId,
         rounded: u64,
+        below: Option<FreeKey>,
     ) -> Option<FreeKey> {
         let p = pool.index();
-        let page = self.page_of(pool);
-        let k = rounded.div_ceil(page);
+        if self.lent[p].is_empty() {
+            return None;
+        }
+        let k = rounded.div_ceil(self.page_of(pool));
+        let end = below.map_or((stream, u64::MAX, u64::MAX, BlockId::MAX), |f| {
+            (stream, f.1, f.2, 0)
+        });
         self.lent[p]
-            .range((stream, rounded, 0, 0)..)
-            .take_while(|key| key.0 == stream)
+            .range((stream, rounded, 0, 0)..end)
             .find(|key| self.lent_usable(key.3, k))
             .copied()
     }

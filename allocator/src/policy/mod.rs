@@ -469,7 +469,7 @@ impl<B: Backend> CachingCore<B> {
         let free = self.free_candidate(pool, stream, rounded);
         let found = if self.pages.is_some() {
             // Rule 22d: a lent block smaller by (size, address) than rule 19a's candidate wins.
-            match (free, self.lent_candidate(pool, stream, rounded)) {
+            match (free, self.lent_candidate(pool, stream, rounded, free)) {
                 (Some(f), Some(l)) if (l.1, l.2) < (f.1, f.2) => Found::Lent(l),
                 (None, Some(l)) => Found::Lent(l),
                 (Some(f), _) => Found::Free(f),
