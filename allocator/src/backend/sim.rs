@@ -47,14 +47,17 @@ pub struct SimDevice {
     device_frees: u64,
     /// Address space reserved for expandable segments (rule 19): first address → reservation.
     reservations: BTreeMap<u64, Reservation>,
-    /// The page table's other half (rule 22h): every page that exists, with its mappings.
-    pages: HashMap<PageId, Page>,
-    /// The id the next page created takes.
-    next_page: u64,
+    /// The page table's other half (rule 22h): by page id, every page that exists with its
+    /// mappings (`None`: an id free for reuse, in `vacant`).
+    pages: Vec<Option<Page>>,
+    vacant: Vec<u32>,
 }
 
+/// A slot that maps no page.
+const NO_PAGE: u32 = u32::MAX;
+
 /// A physical page of the simulated device (rule 22h): one `cuMemCreate` handle, mapped at one
-/// address or more ([`Backend::alias`]). Ids are never reused.
+/// address or more ([`Backend::alias`]). An id is reused only once its page is gone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PageId(pub u64);
 
@@ -63,9 +66,25 @@ pub struct PageId(pub u64);
 struct Reservation {
     size: u64,
     page: u64,
-    /// The page table (rule 22h): each mapped slot (a page-aligned address) and the page it
-    /// maps.
-    slots: BTreeMap<u64, PageId>,
+    /// The page table (rule 22h): per slot (`page` bytes, in address order) the id of the page
+    /// it maps, or [`NO_PAGE`]; grown on demand (slots past its end map nothing).
+    slots: Vec<u32>,
+    /// Slots that map a page.
+    mapped: u64,
+}
+
+impl Reservation {
+    /// The page slot `i` maps, or [`NO_PAGE`].
+    fn page_of(&self, i: usize) -> u32 {
+        self.slots.get(i).copied().unwrap_or(NO_PAGE)
+    }
+
+    fn set(&mut self, i: usize, id: u32) {
+        if i >= self.slots.len() {
+            self.slots.resize(i + 1, NO_PAGE);
+        }
+        self.slots[i] = id;
+    }
 }
 
 /// A page and where it is mapped.
@@ -111,8 +130,8 @@ impl SimDevice {
             device_allocs: 0,
             device_frees: 0,
             reservations: BTreeMap::new(),
-            pages: HashMap::new(),
-            next_page: 0,
+            pages: Vec::new(),
+            vacant: Vec::new(),
         }
     }
 
@@ -218,7 +237,7 @@ impl SimDevice {
     pub fn reservations(&self) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
         self.reservations
             .iter()
-            .map(|(&a, r)| (a, r.size, r.slots.len() as u64 * r.page))
+            .map(|(&a, r)| (a, r.size, r.mapped * r.page))
     }
 
     /// The page mapped at `address` (any address inside a mapped slot of a reservation), or
@@ -228,8 +247,8 @@ impl SimDevice {
         if address - base >= r.size {
             return None;
         }
-        let slot = base + (address - base) / r.page * r.page;
-        r.slots.get(&slot).copied()
+        let id = r.page_of(((address - base) / r.page) as usize);
+        (id != NO_PAGE).then_some(PageId(u64::from(id)))
     }
 
     /// The slot of a reservation that holds `address`: its first address and size (the
@@ -241,9 +260,10 @@ impl SimDevice {
 
     /// The slots where `page` is mapped, by address (empty for a page that no longer exists).
     pub fn mappings(&self, page: PageId) -> Vec<u64> {
-        let mut out: Vec<u64> = self
-            .pages
-            .get(&page)
+        let mut out: Vec<u64> = usize::try_from(page.0)
+            .ok()
+            .and_then(|i| self.pages.get(i))
+            .and_then(Option::as_ref)
             .map(|p| p.mappings().collect())
             .unwrap_or_default();
         out.sort_unstable();
@@ -252,7 +272,7 @@ impl SimDevice {
 
     /// How many pages exist (each counted once against capacity, however often it is mapped).
     pub fn page_count(&self) -> usize {
-        self.pages.len()
+        self.pages.len() - self.vacant.len()
     }
 
     /// The reservation holding `[address, address + size)` as whole pages of its page size:
@@ -271,7 +291,10 @@ impl SimDevice {
     /// mapped (`true`) or none is (`false`); `None` when it is a mix.
     fn all_mapped(&self, base: u64, address: u64, size: u64) -> Option<bool> {
         let r = &self.reservations[&base];
-        let n = r.slots.range(address..address + size).count() as u64;
+        let first = ((address - base) / r.page) as usize;
+        let n = (first..first + (size / r.page) as usize)
+            .filter(|&i| r.page_of(i) != NO_PAGE)
+            .count() as u64;
         if n == 0 {
             Some(false)
         } else if n * r.page == size {
@@ -476,7 +499,8 @@ impl Backend for SimDevice {
             Reservation {
                 size,
                 page,
-                slots: BTreeMap::new(),
+                slots: Vec::new(),
+                mapped: 0,
             },
         );
         Ok(address)
@@ -484,7 +508,7 @@ impl Backend for SimDevice {
 
     fn release_reservation(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
         match self.reservations.get(&address) {
-            Some(r) if r.size == size && r.slots.is_empty() => {
+            Some(r) if r.size == size && r.mapped == 0 => {
                 self.reservations.remove(&address);
                 Ok(())
             }
@@ -513,18 +537,24 @@ impl Backend for SimDevice {
         }
         let r = self.reservations.get_mut(&base).expect("found above");
         for slot in (address..address + size).step_by(page as usize) {
-            let id = PageId(self.next_page);
-            self.next_page += 1;
-            r.slots.insert(slot, id);
-            self.pages.insert(
-                id,
-                Page {
-                    size: page,
-                    first: Some(slot),
-                    more: Vec::new(),
-                },
-            );
+            let created = Page {
+                size: page,
+                first: Some(slot),
+                more: Vec::new(),
+            };
+            let id = match self.vacant.pop() {
+                Some(id) => {
+                    self.pages[id as usize] = Some(created);
+                    id
+                }
+                None => {
+                    self.pages.push(Some(created));
+                    (self.pages.len() - 1) as u32
+                }
+            };
+            r.set(((slot - base) / page) as usize, id);
         }
+        r.mapped += size / page;
         self.used += size;
         self.device_allocs += 1;
         Ok(())
@@ -546,13 +576,18 @@ impl Backend for SimDevice {
         }
         let r = self.reservations.get_mut(&base).expect("found above");
         for slot in (address..address + size).step_by(page as usize) {
-            let id = r.slots.remove(&slot).expect("checked above");
-            let p = self.pages.get_mut(&id).expect("a mapped page exists");
+            let i = ((slot - base) / page) as usize;
+            let id = r.slots[i];
+            r.slots[i] = NO_PAGE;
+            let entry = &mut self.pages[id as usize];
+            let p = entry.as_mut().expect("a mapped page exists");
             if p.unmap(slot) {
                 self.used -= p.size;
-                self.pages.remove(&id);
+                *entry = None;
+                self.vacant.push(id);
             }
         }
+        r.mapped -= size / page;
         self.device_frees += 1;
         Ok(())
     }
@@ -585,15 +620,18 @@ impl Backend for SimDevice {
         if take(&mut self.faults.alloc_oom) {
             return Err(BackendError::OutOfMemory);
         }
-        let taken: Vec<PageId> = self.reservations[&source_base]
-            .slots
-            .range(source..source + size)
-            .map(|(_, &id)| id)
-            .collect();
+        let taken: Vec<u32> = {
+            let r = &self.reservations[&source_base];
+            let first = ((source - source_base) / page) as usize;
+            r.slots[first..first + (size / page) as usize].to_vec()
+        };
         let r = self.reservations.get_mut(&base).expect("found above");
+        r.mapped += size / page;
         for (slot, id) in (address..address + size).step_by(page as usize).zip(taken) {
-            r.slots.insert(slot, id);
-            let p = self.pages.get_mut(&id).expect("a mapped page exists");
+            r.set(((slot - base) / page) as usize, id);
+            let p = self.pages[id as usize]
+                .as_mut()
+                .expect("a mapped page exists");
             if p.first.is_none() {
                 p.first = Some(slot);
             } else {

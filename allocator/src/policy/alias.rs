@@ -100,29 +100,42 @@ impl PageTable {
         r.page_of(((address - base) / r.page) as usize)
     }
 
-    /// Whether page `id`'s home overlaps an allocated or pending block (rule 22b).
-    #[inline]
-    fn busy(&self, id: u32) -> bool {
-        let Some(Some(info)) = self.pages.get(id as usize) else {
-            return true;
-        };
-        let r = &self.ranges[&info.home_range];
-        r.busy[((info.home - info.home_range) / r.page) as usize] > 0
-    }
-
     /// Whether the `k` slots from `address` in the range at `base` map `k` distinct pages none
     /// of which is busy (rule 22b).
     fn usable(&self, base: u64, address: u64, k: u64) -> bool {
         let r = &self.ranges[&base];
         let first = ((address - base) / r.page) as usize;
-        let mut seen: Vec<u32> = Vec::with_capacity(k as usize);
-        for i in first..first + k as usize {
+        let slots = first..first + k as usize;
+        // Busy first (the common reason to refuse), then distinct: on the stack for a few
+        // pages, sorted beyond.
+        for i in slots.clone() {
             let id = r.page_of(i);
-            if id == NO_PAGE || self.busy(id) {
+            let Some(Some(info)) = self.pages.get(id as usize) else {
+                return false;
+            };
+            // Most homes lie in the same range: no second lookup for those.
+            let home = if info.home_range == base {
+                r
+            } else {
+                &self.ranges[&info.home_range]
+            };
+            if home.busy[((info.home - info.home_range) / home.page) as usize] > 0 {
                 return false;
             }
-            seen.push(id);
         }
+        const FEW: usize = 16;
+        if slots.len() <= FEW {
+            let mut seen = [0u32; FEW];
+            for (n, i) in slots.enumerate() {
+                let id = r.page_of(i);
+                if seen[..n].contains(&id) {
+                    return false;
+                }
+                seen[n] = id;
+            }
+            return true;
+        }
+        let mut seen: Vec<u32> = slots.map(|i| r.page_of(i)).collect();
         distinct(&mut seen)
     }
 
@@ -343,9 +356,26 @@ impl<B: Backend> CachingCore<B> {
                 )
             })
             .collect();
+        // Carved run by run: homes in consecutive slots lie in one free block (two free blocks
+        // are never adjacent), and carving a set of slots leaves the same blocks in any order.
+        let mut i = 0;
+        while i < moved.len() {
+            let (range, first) = (moved[i].1.home_range, moved[i].1.home);
+            let mut j = i + 1;
+            while j < moved.len()
+                && moved[j].1.home_range == range
+                && moved[j].1.home == first + (j - i) as u64 * page
+            {
+                j += 1;
+            }
+            let bytes = (j - i) as u64 * page;
+            let home = self.free_block_holding(pool, stream, first, bytes);
+            self.carve(home, first, bytes, false);
+            i = j;
+        }
+        // The history in the rule's order: each home carved, lent slots in address order.
         for &(_, info) in &moved {
-            let home = self.free_block_holding(pool, stream, info.home, page);
-            self.carve(home, info.home, page);
+            self.trace(TraceAction::SegmentUnmap, info.home, page, stream);
         }
         // The k slots leave their lent block (found by address: carving may have merged it).
         let lent = self.lent_block_at(pool, stream, address);
@@ -361,13 +391,13 @@ impl<B: Backend> CachingCore<B> {
         new
     }
 
-    /// The free mapped block of the pool and stream that holds `[slot, slot + page)` (rule 22b:
+    /// The free mapped block of the pool and stream that holds `[slot, slot + bytes)` (rule 22b:
     /// a usable page's home lies wholly inside one).
-    fn free_block_holding(&self, pool: Pool, stream: StreamId, slot: u64, page: u64) -> BlockId {
+    fn free_block_holding(&self, pool: Pool, stream: StreamId, slot: u64, bytes: u64) -> BlockId {
         self.free[pool.index()]
-            .range((stream, page, 0, 0)..)
+            .range((stream, bytes, 0, 0)..)
             .take_while(|k| k.0 == stream)
-            .find(|k| k.2 <= slot && slot + page <= k.2 + k.1)
+            .find(|k| k.2 <= slot && slot + bytes <= k.2 + k.1)
             .map(|k| k.3)
             .expect("rule 22b: a usable page's home lies inside a free block of its stream")
     }
@@ -386,8 +416,8 @@ impl<B: Backend> CachingCore<B> {
     /// Rule 22c: carve `[start, start + bytes)` (whole slots) out of the free mapped block `id`:
     /// the block leaves the free set, its parts before and after stay free blocks in the free
     /// set, the slots become lent (their pages gain a lent mapping) and merge with lent
-    /// neighbours. The history records `segment_unmap` for each slot.
-    fn carve(&mut self, id: BlockId, start: u64, bytes: u64) {
+    /// neighbours. With `trace`, the history records `segment_unmap` for each slot.
+    fn carve(&mut self, id: BlockId, start: u64, bytes: u64, trace: bool) {
         let (address, size, pool, stream, base) = {
             let b = self.blocks.get(id);
             debug_assert!(b.free_mapped());
@@ -446,8 +476,10 @@ impl<B: Backend> CachingCore<B> {
             let page_id = t.page_at(base, slot);
             t.info(page_id).lent += 1;
         }
-        for slot in (start..end).step_by(page as usize) {
-            self.trace(TraceAction::SegmentUnmap, slot, page, stream);
+        if trace {
+            for slot in (start..end).step_by(page as usize) {
+                self.trace(TraceAction::SegmentUnmap, slot, page, stream);
+            }
         }
     }
 
@@ -573,7 +605,7 @@ impl<B: Backend> CachingCore<B> {
                     .map(|slot| t.page_at(self.blocks.get(cid).range.expect("a range"), slot))
                     .collect()
             };
-            self.carve(cid, source, bytes);
+            self.carve(cid, source, bytes, true);
             let t = self.pages.as_mut().expect("rule 22 acts");
             for (j, &page_id) in moved.iter().enumerate() {
                 let slot = at + j as u64 * page;
