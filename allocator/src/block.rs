@@ -41,6 +41,20 @@ pub enum BlockPhase {
     Pending,
 }
 
+/// What backs a block's addresses. Only a block of a range (rule 19) can be other than
+/// `Mapped`; an unmapped or lent block is `Free` and in no free set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Backing {
+    /// Memory of its own: a block of a segment, or of a range whose slots are the homes of
+    /// their pages (rules 19, 22a). Free, allocated or pending.
+    Mapped,
+    /// No memory (rule 19): in its pool's unmapped set.
+    Unmapped,
+    /// Slots that map pages whose homes are elsewhere (rule 22a): in its pool's lent sets,
+    /// never handed out as it is.
+    Lent,
+}
+
 /// One block of device memory inside a segment.
 #[derive(Clone, Debug)]
 pub(crate) struct Block {
@@ -58,9 +72,10 @@ pub(crate) struct Block {
     pub stream_uses: Vec<StreamId>,
     /// The pool's search counter when the block entered the free set (garbage collection age).
     pub gc_base: u64,
-    /// Whether memory backs the block. Only a block of a range (rule 19) can be unmapped: it is
-    /// then `Free`, in its pool's unmapped set and in no other index.
-    pub mapped: bool,
+    /// What backs the block: its own memory, none (rule 19: then `Free`, in its pool's
+    /// unmapped set and in no other index) or pages lent from elsewhere (rule 22: then `Free`,
+    /// in its pool's lent sets and in no other index).
+    pub backing: Backing,
     /// The first address of the range (rule 19) the block belongs to, or `None` for a block
     /// of a segment (rule 8, rule 18).
     pub range: Option<u64>,
@@ -90,9 +105,21 @@ impl Block {
             event_count: 0,
             stream_uses: Vec::new(),
             gc_base,
-            mapped: true,
+            backing: Backing::Mapped,
             range,
         }
+    }
+
+    /// Whether the block has memory of its own (rules 19, 22a).
+    #[inline]
+    pub fn mapped(&self) -> bool {
+        self.backing == Backing::Mapped
+    }
+
+    /// Whether the block is free and has memory of its own: in its pool's free set.
+    #[inline]
+    pub fn free_mapped(&self) -> bool {
+        self.state == BlockPhase::Free && self.backing == Backing::Mapped
     }
 
     /// Whether the block's segment holds other blocks too.

@@ -10,7 +10,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use rustc_hash::FxHashMap;
 
 use crate::backend::{EventId, StreamId};
-use crate::block::{BlockId, BlockPhase, FreeKey, Range, Slab, UnmappedKey};
+use crate::block::{Backing, BlockId, BlockPhase, FreeKey, Range, Slab, UnmappedKey};
+use crate::policy::alias::{NO_PAGE, PageTable};
 use crate::sizes::{MIN_BLOCK_SIZE, Pool, SMALL_BUFFER};
 use crate::stats::{StatArray, Stats};
 
@@ -73,6 +74,63 @@ pub enum InvariantViolation {
         unmapped: usize,
         /// Entries of the unmapped sets.
         indexed: usize,
+    },
+    /// A lent block (rule 22a) outside a range, in the wrong state or index, not page-aligned,
+    /// next to another lent block, or present while page aliasing does not act.
+    #[error("lent block {address:#x}: {what} (rule 22, page aliasing)")]
+    LentBlock {
+        /// The block's address.
+        address: u64,
+        /// What is wrong with it.
+        what: &'static str,
+    },
+    /// A slot of a range whose entry in the page table is wrong for the block it lies in
+    /// (rule 22a: a mapped or lent slot maps one page, an unmapped slot none), or a range
+    /// without its page table.
+    #[error("slot {address:#x}: {what} (rule 22, page aliasing)")]
+    PageSlot {
+        /// The slot's address.
+        address: u64,
+        /// What is wrong with it.
+        what: &'static str,
+    },
+    /// A page without exactly one home in a mapped block, or whose recorded home is not that
+    /// slot (rule 22a).
+    #[error("page {page}: {homes} homes in mapped blocks, recorded at {recorded:#x}")]
+    PageHomes {
+        /// The allocator's page id.
+        page: u32,
+        /// Slots of mapped blocks that map it.
+        homes: usize,
+        /// The home the page table records.
+        recorded: u64,
+    },
+    /// A page whose count of lent mappings differs from the lent slots that map it.
+    #[error("page {page}: {counted} lent slots map it, the table says {recorded}")]
+    PageLent {
+        /// The allocator's page id.
+        page: u32,
+        /// Lent slots found mapping it.
+        counted: u32,
+        /// Its recorded count.
+        recorded: u32,
+    },
+    /// A lent slot whose page's home lies in a range of another pool or stream (rule 22a).
+    #[error("lent slot {address:#x}: its page's home is in a range of another pool or stream")]
+    LentAcross {
+        /// The lent slot's address.
+        address: u64,
+    },
+    /// A slot whose busy count differs from the allocated and pending blocks overlapping it
+    /// (rule 22b).
+    #[error("slot {address:#x}: busy count {have}, {want} allocated or pending blocks over it")]
+    BusyCount {
+        /// The slot's address.
+        address: u64,
+        /// The count kept.
+        have: u32,
+        /// The count recomputed.
+        want: u32,
     },
     /// A block whose pool, stream or range is not its segment's.
     #[error("block {address:#x}: pool or stream differs from its segment")]
@@ -215,6 +273,9 @@ pub(crate) struct CoreParts<'a> {
     pub blocks: &'a Slab,
     pub free: &'a [BTreeSet<FreeKey>; 2],
     pub unmapped: &'a [BTreeSet<UnmappedKey>; 2],
+    pub lent: &'a [BTreeSet<FreeKey>; 2],
+    pub lent_at: &'a [BTreeSet<UnmappedKey>; 2],
+    pub pages: Option<&'a PageTable>,
     pub ranges: &'a BTreeMap<u64, Range>,
     pub live: &'a FxHashMap<u64, BlockId>,
     pub events: &'a BTreeMap<StreamId, VecDeque<(EventId, BlockId)>>,
@@ -274,6 +335,7 @@ pub(crate) fn check(parts: CoreParts<'_>) -> Result<(), InvariantViolation> {
         let mut prev: Option<BlockId> = None;
         let mut prev_free = false;
         let mut prev_unmapped = false;
+        let mut prev_lent = false;
         let mut mapped_bytes = 0u64;
         let split = hb.next.is_some();
         let range = hb.range.map(|base| (base, parts.ranges.get(&base)));
@@ -314,7 +376,52 @@ pub(crate) fn check(parts: CoreParts<'_>) -> Result<(), InvariantViolation> {
             let in_free = parts.free[p].contains(&(b.stream, b.size, b.address, id));
             let in_live = parts.live.get(&b.address) == Some(&id);
             let in_unmapped = parts.unmapped[p].contains(&(b.stream, b.address, id));
-            if !b.mapped {
+            let in_lent = parts.lent[p].contains(&(b.stream, b.size, b.address, id));
+            let in_lent_at = parts.lent_at[p].contains(&(b.stream, b.address, id));
+            if b.backing == Backing::Lent {
+                // Rule 22a: a lent block is free, page-aligned at both ends, in the lent sets
+                // only, never next to another lent block, and exists only while aliasing acts.
+                let lent = |what| InvariantViolation::LentBlock {
+                    address: b.address,
+                    what,
+                };
+                let Some((base, Some(r))) = range else {
+                    return Err(lent("outside a range"));
+                };
+                if parts.pages.is_none() {
+                    return Err(lent("while page aliasing does not act"));
+                }
+                if b.state != BlockPhase::Free
+                    || in_free
+                    || in_live
+                    || in_unmapped
+                    || !in_lent
+                    || !in_lent_at
+                {
+                    return Err(lent("in the wrong state or index"));
+                }
+                if !(b.address - base).is_multiple_of(r.page) || !b.size.is_multiple_of(r.page) {
+                    return Err(lent("not page-aligned"));
+                }
+                if prev_lent {
+                    return Err(lent("unmerged lent neighbour"));
+                }
+                prev_lent = true;
+                prev_unmapped = false;
+                prev_free = false;
+                end = b.address + b.size;
+                prev = Some(id);
+                cur = b.next;
+                continue;
+            }
+            prev_lent = false;
+            if in_lent || in_lent_at {
+                return Err(InvariantViolation::LentBlock {
+                    address: b.address,
+                    what: "a block that is not lent in the lent sets",
+                });
+            }
+            if b.backing == Backing::Unmapped {
                 // Rule 19: an unmapped block is free, page-aligned at both ends, in the
                 // unmapped set only, and never next to another unmapped block.
                 let Some((base, Some(r))) = range else {
@@ -439,14 +546,14 @@ pub(crate) fn check(parts: CoreParts<'_>) -> Result<(), InvariantViolation> {
         return Err(InvariantViolation::LiveMap);
     }
     if parts.free[0].len() + parts.free[1].len()
-        != blocks
-            .iter()
-            .filter(|(_, b)| b.state == BlockPhase::Free && b.mapped)
-            .count()
+        != blocks.iter().filter(|(_, b)| b.free_mapped()).count()
     {
         return Err(InvariantViolation::FreeSets);
     }
-    let unmapped = blocks.iter().filter(|(_, b)| !b.mapped).count();
+    let unmapped = blocks
+        .iter()
+        .filter(|(_, b)| b.backing == Backing::Unmapped)
+        .count();
     let indexed = parts.unmapped[0].len() + parts.unmapped[1].len();
     let heads = blocks
         .iter()
@@ -459,6 +566,21 @@ pub(crate) fn check(parts: CoreParts<'_>) -> Result<(), InvariantViolation> {
             unmapped,
             indexed,
         });
+    }
+    let lent = blocks
+        .iter()
+        .filter(|(_, b)| b.backing == Backing::Lent)
+        .count();
+    if lent != parts.lent[0].len() + parts.lent[1].len()
+        || lent != parts.lent_at[0].len() + parts.lent_at[1].len()
+    {
+        return Err(InvariantViolation::LentBlock {
+            address: 0,
+            what: "the lent sets hold blocks that are not lent",
+        });
+    }
+    if let Some(table) = parts.pages {
+        check_pages(&parts, table)?;
     }
     segments.sort_unstable();
     for w in segments.windows(2) {
@@ -493,6 +615,120 @@ pub(crate) fn check(parts: CoreParts<'_>) -> Result<(), InvariantViolation> {
             reserved: parts.reserved,
             segments: t.reserved[0] + t.reserved[1],
         });
+    }
+    Ok(())
+}
+
+/// Rule 22i, recomputed from the blocks: every mapped slot maps one page; every page has
+/// exactly one home, in a mapped block, where the table says; every other slot mapping it is
+/// in a lent block of a range of the same pool and stream, as many as the table counts; each
+/// slot's busy count is the number of allocated and pending blocks over it. So no page lies
+/// under two live blocks, whatever addresses map it.
+fn check_pages(parts: &CoreParts<'_>, table: &PageTable) -> Result<(), InvariantViolation> {
+    let blocks = parts.blocks;
+    let slot_err =
+        |address: u64, what: &'static str| InvariantViolation::PageSlot { address, what };
+    if table.ranges.len() != parts.ranges.len() {
+        return Err(slot_err(
+            0,
+            "the page table's ranges are not the allocator's",
+        ));
+    }
+    // Per range: its pool and stream (from its head block).
+    let owner: HashMap<u64, (Pool, StreamId)> = blocks
+        .iter()
+        .filter(|(_, b)| b.prev.is_none())
+        .filter_map(|(_, b)| b.range.map(|base| (base, (b.pool, b.stream))))
+        .collect();
+    let mut homes: HashMap<u32, Vec<u64>> = HashMap::new();
+    let mut lent: HashMap<u32, Vec<(u64, u64)>> = HashMap::new();
+    let mut busy: HashMap<u64, Vec<u32>> = HashMap::new();
+    for (&base, range) in parts.ranges {
+        let Some(pages) = table.ranges.get(&base) else {
+            return Err(slot_err(base, "a range without its page table"));
+        };
+        let slots = (range.size / range.page) as usize;
+        if pages.page != range.page
+            || pages.slots.len() > slots
+            || pages.busy.len() != pages.slots.len()
+        {
+            return Err(slot_err(base, "the range's page table has the wrong shape"));
+        }
+        busy.insert(base, vec![0; pages.slots.len()]);
+    }
+    for (_, b) in blocks.iter() {
+        let Some(base) = b.range else { continue };
+        let pages = &table.ranges[&base];
+        let page = pages.page;
+        let first = ((b.address - base) / page) as usize;
+        let last = ((b.address + b.size - 1 - base) / page) as usize;
+        if b.state != BlockPhase::Free {
+            let counts = busy.get_mut(&base).expect("filled above");
+            for i in first..=last {
+                match counts.get_mut(i) {
+                    Some(c) => *c += 1,
+                    None => return Err(slot_err(base + i as u64 * page, "live but unmapped")),
+                }
+            }
+        }
+        for i in first..=last {
+            let slot = base + i as u64 * page;
+            let id = pages.page_of(i);
+            match b.backing {
+                Backing::Unmapped if id != NO_PAGE => {
+                    return Err(slot_err(slot, "an unmapped slot maps a page"));
+                }
+                Backing::Unmapped => {}
+                _ if id == NO_PAGE || table.pages.get(id as usize).is_none_or(|p| p.is_none()) => {
+                    return Err(slot_err(slot, "a mapped or lent slot maps no page"));
+                }
+                Backing::Mapped => {
+                    let seen = homes.entry(id).or_default();
+                    // A slot holds several small blocks: count each slot once.
+                    if seen.last() != Some(&slot) {
+                        seen.push(slot);
+                    }
+                }
+                Backing::Lent => lent.entry(id).or_default().push((slot, base)),
+            }
+        }
+    }
+    for (id, info) in table.pages.iter().enumerate() {
+        let Some(info) = info else { continue };
+        let id = id as u32;
+        let found = homes.get(&id).map_or(&[][..], Vec::as_slice);
+        if found != [info.home] || !parts.ranges.contains_key(&info.home_range) {
+            return Err(InvariantViolation::PageHomes {
+                page: id,
+                homes: found.len(),
+                recorded: info.home,
+            });
+        }
+        let found = lent.get(&id).map_or(&[][..], Vec::as_slice);
+        if found.len() as u32 != info.lent {
+            return Err(InvariantViolation::PageLent {
+                page: id,
+                counted: found.len() as u32,
+                recorded: info.lent,
+            });
+        }
+        for &(slot, base) in found {
+            if owner.get(&base) != owner.get(&info.home_range) {
+                return Err(InvariantViolation::LentAcross { address: slot });
+            }
+        }
+    }
+    for (base, want) in &busy {
+        let pages = &table.ranges[base];
+        for (i, (&have, &want)) in pages.busy.iter().zip(want).enumerate() {
+            if have != want {
+                return Err(InvariantViolation::BusyCount {
+                    address: base + i as u64 * pages.page,
+                    have,
+                    want,
+                });
+            }
+        }
     }
     Ok(())
 }

@@ -40,7 +40,9 @@ pub struct Knobs {
     pub expandable_page: u64,
     /// `reclaim_headroom` (rule 20; `None`: no reclaim).
     pub reclaim_headroom: Option<f64>,
-    /// `page_aliasing` (rule 22).
+    /// `page_aliasing` (rule 22): pages a reclaim would unmap are mapped a second time where
+    /// the range grows. Drawn only with expandable segments and a reclaim headroom (without
+    /// them it never acts).
     pub page_aliasing: bool,
 }
 
@@ -109,6 +111,10 @@ pub mod tables {
     /// `reclaim_headroom` (rule 20): off twice as often as each headroom; 2.5 % is rule 21's.
     pub const RECLAIM_HEADROOMS: &Weighted<Option<f64>> =
         &[(2, None), (1, Some(0.0)), (1, Some(0.025)), (1, Some(0.25))];
+    /// `page_aliasing` (rule 22), drawn only where it can act (expandable segments with a
+    /// reclaim headroom): on in half of those scenarios. Exhausted bytes draw `false`, the old
+    /// behaviour.
+    pub const PAGE_ALIASING: &Weighted<bool> = &[(1, false), (1, true)];
 }
 
 impl<'a> Arbitrary<'a> for Knobs {
@@ -132,6 +138,13 @@ impl<'a> Arbitrary<'a> for Knobs {
         // Rules 19 and 20's knobs, after every older draw.
         let expandable_page = weighted(u, EXPANDABLE_PAGES)?;
         let reclaim_headroom = weighted(u, RECLAIM_HEADROOMS)?;
+        // Rule 22's, after those, and drawn (a byte taken) only where it can act, so that an
+        // older input without expandable segments and reclaim draws the same operations too.
+        let page_aliasing = if expandable_segments && reclaim_headroom.is_some() {
+            weighted(u, PAGE_ALIASING)?
+        } else {
+            false
+        };
         Ok(Knobs {
             capacity,
             max_split_size,
@@ -144,7 +157,7 @@ impl<'a> Arbitrary<'a> for Knobs {
             expandable_segments,
             expandable_page,
             reclaim_headroom,
-            page_aliasing: false,
+            page_aliasing,
         })
     }
 }

@@ -91,9 +91,9 @@ pub trait Backend {
     }
 
     /// Whether the backend offers virtual memory — [`Backend::reserve`], [`Backend::map`],
-    /// [`Backend::unmap`] and [`Backend::release_reservation`] — which expandable segments
-    /// (rule 19) need. The default is `false`, and the allocator then refuses
-    /// `expandable_segments:True` when it is made.
+    /// [`Backend::unmap`] and [`Backend::release_reservation`], and [`Backend::alias`] for page
+    /// aliasing (rule 22) — which expandable segments (rule 19) need. The default is `false`,
+    /// and the allocator then refuses `expandable_segments:True` when it is made.
     fn virtual_memory(&self) -> bool {
         false
     }
@@ -123,12 +123,29 @@ pub trait Backend {
         Err(no_virtual_memory("map", size))
     }
 
-    /// Unmaps and releases the pages of `size` bytes at `address` (whole pages that
-    /// [`Backend::map`] mapped), after the work queued on `stream` — the range's stream — is
-    /// done (`cuMemUnmap`, `cuMemRelease`). On failure nothing is unmapped.
+    /// Unmaps the mappings of `size` bytes at `address` (whole mapped pages of one
+    /// reservation, mapped by [`Backend::map`] or [`Backend::alias`]), after the work queued on
+    /// `stream` — the range's stream — is done (`cuMemUnmap`). Only these mappings go: a page
+    /// mapped at other addresses too (rule 22) stays mapped there, and its memory goes back
+    /// (`cuMemRelease`) when its last mapping is unmapped. On failure nothing is unmapped.
     fn unmap(&mut self, address: u64, size: u64, stream: StreamId) -> Result<(), BackendError> {
         let _ = (address, stream);
         Err(no_virtual_memory("unmap", size))
+    }
+
+    /// Page aliasing (rule 22h): maps, at the `size` bytes of unmapped whole pages at `address`
+    /// (one reservation), the pages mapped at `source` (`size` bytes of whole mapped pages of
+    /// one reservation, with pages of the same size, not overlapping the target), in order.
+    /// No memory is created: each page is then mapped at both places, and its memory goes back
+    /// only when its last mapping is unmapped ([`Backend::unmap`]). Shaped after `cuMemMap` of
+    /// the handles behind `source` again, and `cuMemSetAccess`. All or nothing: on failure
+    /// nothing is mapped ([`BackendError::OutOfMemory`] when the device says so).
+    ///
+    /// The default refuses, as the other virtual-memory calls do: a backend without it never
+    /// sees the call unless the allocator is set to alias pages (`page_aliasing:True`).
+    fn alias(&mut self, address: u64, source: u64, size: u64) -> Result<(), BackendError> {
+        let _ = (address, source);
+        Err(no_virtual_memory("alias", size))
     }
 }
 

@@ -47,15 +47,71 @@ pub struct SimDevice {
     device_frees: u64,
     /// Address space reserved for expandable segments (rule 19): first address → reservation.
     reservations: BTreeMap<u64, Reservation>,
+    /// The page table's other half (rule 22h): by page id, every page that exists with its
+    /// mappings (`None`: an id free for reuse, in `vacant`).
+    pages: Vec<Option<Page>>,
+    vacant: Vec<u32>,
 }
+
+/// A slot that maps no page.
+const NO_PAGE: u32 = u32::MAX;
+
+/// A physical page of the simulated device (rule 22h): one `cuMemCreate` handle, mapped at one
+/// address or more ([`Backend::alias`]). An id is reused only once its page is gone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PageId(pub u64);
 
 /// One reservation of address space and what is mapped in it.
 #[derive(Debug, Clone)]
 struct Reservation {
     size: u64,
     page: u64,
-    /// Mapped spans: address → bytes (whole pages).
-    mapped: BTreeMap<u64, u64>,
+    /// The page table (rule 22h): per slot (`page` bytes, in address order) the id of the page
+    /// it maps, or [`NO_PAGE`]; grown on demand (slots past its end map nothing).
+    slots: Vec<u32>,
+    /// Slots that map a page.
+    mapped: u64,
+}
+
+impl Reservation {
+    /// The page slot `i` maps, or [`NO_PAGE`].
+    fn page_of(&self, i: usize) -> u32 {
+        self.slots.get(i).copied().unwrap_or(NO_PAGE)
+    }
+
+    fn set(&mut self, i: usize, id: u32) {
+        if i >= self.slots.len() {
+            self.slots.resize(i + 1, NO_PAGE);
+        }
+        self.slots[i] = id;
+    }
+}
+
+/// A page and where it is mapped.
+#[derive(Debug, Clone)]
+struct Page {
+    /// Its size: the page of the reservation it was created in.
+    size: u64,
+    /// The slot that mapped it first, while it is mapped there…
+    first: Option<u64>,
+    /// …and its other mappings. The page's memory goes back when both are empty.
+    more: Vec<u64>,
+}
+
+impl Page {
+    fn mappings(&self) -> impl Iterator<Item = u64> + '_ {
+        self.first.into_iter().chain(self.more.iter().copied())
+    }
+
+    /// Forgets the mapping at `slot`; true when it was the last one.
+    fn unmap(&mut self, slot: u64) -> bool {
+        if self.first == Some(slot) {
+            self.first = None;
+        } else if let Some(i) = self.more.iter().position(|&m| m == slot) {
+            self.more.swap_remove(i);
+        }
+        self.first.is_none() && self.more.is_empty()
+    }
 }
 
 impl SimDevice {
@@ -74,6 +130,8 @@ impl SimDevice {
             device_allocs: 0,
             device_frees: 0,
             reservations: BTreeMap::new(),
+            pages: Vec::new(),
+            vacant: Vec::new(),
         }
     }
 
@@ -145,7 +203,9 @@ impl SimDevice {
         self.events.len()
     }
 
-    /// Successful allocations and frees so far.
+    /// Successful allocations and frees so far: allocations count [`Backend::allocate`],
+    /// [`Backend::map`] and [`Backend::alias`] calls, frees count [`Backend::free`] and
+    /// [`Backend::unmap`] calls.
     pub fn call_counts(&self) -> (u64, u64) {
         (self.device_allocs, self.device_frees)
     }
@@ -172,11 +232,76 @@ impl SimDevice {
         all
     }
 
-    /// Reservations and what is mapped in them: `(address, size, mapped bytes)`, by address.
+    /// Reservations and what is mapped in them: `(address, size, mapped bytes)`, by address
+    /// (a page mapped at several addresses counts at each).
     pub fn reservations(&self) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
         self.reservations
             .iter()
-            .map(|(&a, r)| (a, r.size, r.mapped.values().sum()))
+            .map(|(&a, r)| (a, r.size, r.mapped * r.page))
+    }
+
+    /// The page mapped at `address` (any address inside a mapped slot of a reservation), or
+    /// `None` where nothing is mapped (rule 22h's page table, for tests and the harness).
+    pub fn page_at(&self, address: u64) -> Option<PageId> {
+        let (&base, r) = self.reservations.range(..=address).next_back()?;
+        if address - base >= r.size {
+            return None;
+        }
+        let id = r.page_of(((address - base) / r.page) as usize);
+        (id != NO_PAGE).then_some(PageId(u64::from(id)))
+    }
+
+    /// The slot of a reservation that holds `address`: its first address and size (the
+    /// reservation's page), mapped or not; `None` outside every reservation.
+    pub fn slot_at(&self, address: u64) -> Option<(u64, u64)> {
+        let (&base, r) = self.reservations.range(..=address).next_back()?;
+        (address - base < r.size).then(|| (base + (address - base) / r.page * r.page, r.page))
+    }
+
+    /// The slots where `page` is mapped, by address (empty for a page that no longer exists).
+    pub fn mappings(&self, page: PageId) -> Vec<u64> {
+        let mut out: Vec<u64> = usize::try_from(page.0)
+            .ok()
+            .and_then(|i| self.pages.get(i))
+            .and_then(Option::as_ref)
+            .map(|p| p.mappings().collect())
+            .unwrap_or_default();
+        out.sort_unstable();
+        out
+    }
+
+    /// How many pages exist (each counted once against capacity, however often it is mapped).
+    pub fn page_count(&self) -> usize {
+        self.pages.len() - self.vacant.len()
+    }
+
+    /// The reservation holding `[address, address + size)` as whole pages of its page size:
+    /// its first address and page, or `None`.
+    fn whole_pages(&self, address: u64, size: u64) -> Option<(u64, u64)> {
+        let (&base, r) = self.reservations.range(..=address).next_back()?;
+        let end = address.checked_add(size)?;
+        (size != 0
+            && end <= base + r.size
+            && (address - base).is_multiple_of(r.page)
+            && size.is_multiple_of(r.page))
+        .then_some((base, r.page))
+    }
+
+    /// Whether every slot of `[address, address + size)` in the reservation at `base` is
+    /// mapped (`true`) or none is (`false`); `None` when it is a mix.
+    fn all_mapped(&self, base: u64, address: u64, size: u64) -> Option<bool> {
+        let r = &self.reservations[&base];
+        let first = ((address - base) / r.page) as usize;
+        let n = (first..first + (size / r.page) as usize)
+            .filter(|&i| r.page_of(i) != NO_PAGE)
+            .count() as u64;
+        if n == 0 {
+            Some(false)
+        } else if n * r.page == size {
+            Some(true)
+        } else {
+            None
+        }
     }
 
     fn usable(&self, address: u64, size: u64) -> bool {
@@ -374,7 +499,8 @@ impl Backend for SimDevice {
             Reservation {
                 size,
                 page,
-                mapped: BTreeMap::new(),
+                slots: Vec::new(),
+                mapped: 0,
             },
         );
         Ok(address)
@@ -382,7 +508,7 @@ impl Backend for SimDevice {
 
     fn release_reservation(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
         match self.reservations.get(&address) {
-            Some(r) if r.size == size && r.mapped.is_empty() => {
+            Some(r) if r.size == size && r.mapped == 0 => {
                 self.reservations.remove(&address);
                 Ok(())
             }
@@ -393,30 +519,15 @@ impl Backend for SimDevice {
         }
     }
 
-    /// Counts against capacity like an allocation, and takes injected allocation faults and
-    /// [`SimDevice::fail_next_allocs`] the same way; counted as an allocation in
-    /// [`SimDevice::call_counts`].
+    /// Creates one page per slot (rule 22h's page table) and counts them against capacity like
+    /// an allocation; takes injected allocation faults and [`SimDevice::fail_next_allocs`] the
+    /// same way; counted as an allocation in [`SimDevice::call_counts`].
     fn map(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
-        let (&base, r) = self
-            .reservations
-            .range(..=address)
-            .next_back()
-            .ok_or_else(|| not_mappable(address, size))?;
-        let end = address
-            .checked_add(size)
-            .ok_or_else(|| not_mappable(address, size))?;
-        let overlaps_mapped = r
-            .mapped
-            .range(..end)
-            .next_back()
-            .is_some_and(|(&a, &n)| a + n > address);
-        if size == 0
-            || end > base + r.size
-            || !(address - base).is_multiple_of(r.page)
-            || !size.is_multiple_of(r.page)
-            || overlaps_mapped
-        {
-            return Err(not_mappable(address, size));
+        let Some((base, page)) = self.whole_pages(address, size) else {
+            return Err(not_mappable("map", address, size));
+        };
+        if self.all_mapped(base, address, size) != Some(false) {
+            return Err(not_mappable("map", address, size));
         }
         if take(&mut self.faults.alloc_error) {
             return Err(device_error("map"));
@@ -424,70 +535,117 @@ impl Backend for SimDevice {
         if take(&mut self.faults.alloc_oom) || self.used.saturating_add(size) > self.capacity {
             return Err(BackendError::OutOfMemory);
         }
-        if let Some(r) = self.reservations.get_mut(&base) {
-            r.mapped.insert(address, size);
+        let r = self.reservations.get_mut(&base).expect("found above");
+        for slot in (address..address + size).step_by(page as usize) {
+            let created = Page {
+                size: page,
+                first: Some(slot),
+                more: Vec::new(),
+            };
+            let id = match self.vacant.pop() {
+                Some(id) => {
+                    self.pages[id as usize] = Some(created);
+                    id
+                }
+                None => {
+                    self.pages.push(Some(created));
+                    (self.pages.len() - 1) as u32
+                }
+            };
+            r.set(((slot - base) / page) as usize, id);
         }
+        r.mapped += size / page;
         self.used += size;
         self.device_allocs += 1;
         Ok(())
     }
 
-    /// Unmaps whole pages of what [`Backend::map`] mapped (any run of them, across maps);
-    /// takes injected free faults; counted as a free in [`SimDevice::call_counts`].
+    /// Unmaps the mappings of whole mapped slots (any run of them, across maps and aliases):
+    /// only those mappings go, and a page's memory is given back when its last one does
+    /// (rule 22h). Takes injected free faults; counted as a free in
+    /// [`SimDevice::call_counts`].
     fn unmap(&mut self, address: u64, size: u64, _stream: StreamId) -> Result<(), BackendError> {
-        let end = address
-            .checked_add(size)
-            .ok_or_else(|| not_mappable(address, size))?;
-        let Some((&base, r)) = self.reservations.range(..=address).next_back() else {
-            return Err(not_mappable(address, size));
+        let Some((base, page)) = self.whole_pages(address, size) else {
+            return Err(not_mappable("unmap", address, size));
         };
-        // Every page of [address, end) must be mapped.
-        let mut covered = address;
-        for (&a, &n) in r.mapped.range(..end) {
-            if a + n <= covered {
-                continue;
-            }
-            if a > covered {
-                break;
-            }
-            covered = a + n;
-        }
-        if size == 0
-            || covered < end
-            || end > base + r.size
-            || !(address - base).is_multiple_of(r.page)
-            || !size.is_multiple_of(r.page)
-        {
-            return Err(not_mappable(address, size));
+        if self.all_mapped(base, address, size) != Some(true) {
+            return Err(not_mappable("unmap", address, size));
         }
         if take(&mut self.faults.free_error) {
             return Err(device_error("unmap"));
         }
         let r = self.reservations.get_mut(&base).expect("found above");
-        let spans: Vec<(u64, u64)> = r
-            .mapped
-            .range(..end)
-            .filter(|&(&a, &n)| a + n > address)
-            .map(|(&a, &n)| (a, n))
-            .collect();
-        for (a, n) in spans {
-            r.mapped.remove(&a);
-            if a < address {
-                r.mapped.insert(a, address - a);
-            }
-            if a + n > end {
-                r.mapped.insert(end, a + n - end);
+        for slot in (address..address + size).step_by(page as usize) {
+            let i = ((slot - base) / page) as usize;
+            let id = r.slots[i];
+            r.slots[i] = NO_PAGE;
+            let entry = &mut self.pages[id as usize];
+            let p = entry.as_mut().expect("a mapped page exists");
+            if p.unmap(slot) {
+                self.used -= p.size;
+                *entry = None;
+                self.vacant.push(id);
             }
         }
-        self.used -= size;
+        r.mapped -= size / page;
         self.device_frees += 1;
+        Ok(())
+    }
+
+    /// Maps the pages at `source` again at `address` (rule 22h): the target must be unmapped
+    /// whole slots of one reservation, the source mapped whole slots of one reservation with
+    /// the same page size, the two apart. No memory is created (nothing counts against
+    /// capacity); takes injected allocation faults and [`SimDevice::fail_next_allocs`] as a
+    /// map does; counted as an allocation in [`SimDevice::call_counts`].
+    fn alias(&mut self, address: u64, source: u64, size: u64) -> Result<(), BackendError> {
+        let refuse = || not_mappable("alias", address, size);
+        let (Some((base, page)), Some((source_base, source_page))) = (
+            self.whole_pages(address, size),
+            self.whole_pages(source, size),
+        ) else {
+            return Err(refuse());
+        };
+        let apart =
+            address.saturating_add(size) <= source || source.saturating_add(size) <= address;
+        if page != source_page
+            || !apart
+            || self.all_mapped(base, address, size) != Some(false)
+            || self.all_mapped(source_base, source, size) != Some(true)
+        {
+            return Err(refuse());
+        }
+        if take(&mut self.faults.alloc_error) {
+            return Err(device_error("alias"));
+        }
+        if take(&mut self.faults.alloc_oom) {
+            return Err(BackendError::OutOfMemory);
+        }
+        let taken: Vec<u32> = {
+            let r = &self.reservations[&source_base];
+            let first = ((source - source_base) / page) as usize;
+            r.slots[first..first + (size / page) as usize].to_vec()
+        };
+        let r = self.reservations.get_mut(&base).expect("found above");
+        r.mapped += size / page;
+        for (slot, id) in (address..address + size).step_by(page as usize).zip(taken) {
+            r.set(((slot - base) / page) as usize, id);
+            let p = self.pages[id as usize]
+                .as_mut()
+                .expect("a mapped page exists");
+            if p.first.is_none() {
+                p.first = Some(slot);
+            } else {
+                p.more.push(slot);
+            }
+        }
+        self.device_allocs += 1;
         Ok(())
     }
 }
 
-fn not_mappable(address: u64, size: u64) -> BackendError {
+fn not_mappable(operation: &'static str, address: u64, size: u64) -> BackendError {
     BackendError::Device {
-        operation: "map",
+        operation,
         message: format!(
             "{address:#x} (+{size}) is not whole pages of one reservation in the right state"
         ),
@@ -730,6 +888,125 @@ mod tests {
         d.release_reservation(r, 80 << 20).unwrap();
         assert_eq!(d.reservations().count(), 0);
         assert_eq!(d.call_counts(), (2, 2));
+    }
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn an_alias_maps_the_same_pages_again_and_counts_them_once() {
+        let mut d = SimDevice::new(64 * MIB);
+        let r = d.reserve(40 * MIB, 2 * MIB).unwrap();
+        d.map(r, 4 * MIB).unwrap();
+        let (p0, p1) = (d.page_at(r).unwrap(), d.page_at(r + 2 * MIB + 512).unwrap());
+        assert_ne!(p0, p1);
+        assert_eq!(d.page_at(r + 4 * MIB), None);
+        assert_eq!(d.slot_at(r + 3 * MIB), Some((r + 2 * MIB, 2 * MIB)));
+        assert_eq!(d.slot_at(r + 40 * MIB), None);
+        // The two pages at a second place (another reservation would do too): no memory made.
+        d.alias(r + 10 * MIB, r, 4 * MIB).unwrap();
+        assert_eq!(d.page_at(r + 10 * MIB), Some(p0));
+        assert_eq!(d.page_at(r + 12 * MIB), Some(p1));
+        assert_eq!(d.mappings(p0), [r, r + 10 * MIB]);
+        assert_eq!(d.used(), 4 * MIB);
+        assert_eq!(d.page_count(), 2);
+        assert_eq!(d.call_counts(), (2, 0));
+        // The reservation shows both mappings.
+        assert_eq!(d.reservations().next(), Some((r, 40 * MIB, 8 * MIB)));
+        // An alias of an alias is the same page.
+        let other = d.reserve(40 * MIB, 2 * MIB).unwrap();
+        d.alias(other, r + 12 * MIB, 2 * MIB).unwrap();
+        assert_eq!(d.page_at(other), Some(p1));
+        assert_eq!(d.mappings(p1), [r + 2 * MIB, r + 12 * MIB, other]);
+        assert_eq!(d.used(), 4 * MIB);
+    }
+
+    #[test]
+    fn a_page_goes_back_with_its_last_mapping_and_unmap_unmaps_that_mapping_only() {
+        let mut d = SimDevice::new(64 * MIB);
+        let r = d.reserve(40 * MIB, 2 * MIB).unwrap();
+        d.map(r, 4 * MIB).unwrap();
+        let p0 = d.page_at(r).unwrap();
+        d.alias(r + 20 * MIB, r, 4 * MIB).unwrap();
+        // Unmapping the first mapping leaves the pages where they are also mapped.
+        d.unmap(r, 4 * MIB, StreamId(0)).unwrap();
+        assert_eq!(d.page_at(r), None);
+        assert_eq!(d.page_at(r + 20 * MIB), Some(p0));
+        assert_eq!(d.used(), 4 * MIB);
+        // The slots can be mapped anew (new pages) while the old ones live on elsewhere.
+        d.map(r, 2 * MIB).unwrap();
+        assert_ne!(d.page_at(r), Some(p0));
+        assert_eq!(d.used(), 6 * MIB);
+        // One page's last mapping goes: 2 MiB back; then the other.
+        d.unmap(r + 20 * MIB, 2 * MIB, StreamId(0)).unwrap();
+        assert_eq!(d.used(), 4 * MIB);
+        assert!(d.mappings(p0).is_empty());
+        d.unmap(r + 22 * MIB, 2 * MIB, StreamId(0)).unwrap();
+        d.unmap(r, 2 * MIB, StreamId(0)).unwrap();
+        assert_eq!((d.used(), d.page_count()), (0, 0));
+        d.release_reservation(r, 40 * MIB).unwrap();
+        assert_eq!(d.call_counts(), (3, 4));
+    }
+
+    #[test]
+    fn an_alias_refuses_what_the_gpu_would_and_changes_nothing() {
+        let mut d = SimDevice::new(1 << 30);
+        let r = d.reserve(40 * MIB, 2 * MIB).unwrap();
+        let big = d.reserve(80 * MIB, 20 * MIB).unwrap();
+        d.map(r, 8 * MIB).unwrap();
+        d.map(big, 20 * MIB).unwrap();
+        let before = (d.used(), d.page_count(), d.call_counts());
+        for (what, target, source, size) in [
+            ("target mapped", r + 6 * MIB, r, 2 * MIB),
+            ("target partly mapped", r + 6 * MIB, r, 4 * MIB),
+            ("source not mapped", r + 20 * MIB, r + 8 * MIB, 2 * MIB),
+            ("source partly mapped", r + 20 * MIB, r + 6 * MIB, 4 * MIB),
+            ("overlapping", r + 8 * MIB, r + 6 * MIB, 4 * MIB),
+            ("target not page-aligned", r + 21 * MIB, r, 2 * MIB),
+            ("source not page-aligned", r + 20 * MIB, r + MIB, 2 * MIB),
+            ("not whole pages", r + 20 * MIB, r, MIB),
+            ("empty", r + 20 * MIB, r, 0),
+            ("past the reservation", r + 38 * MIB, r, 4 * MIB),
+            ("outside any reservation", 0x1000_0000, r, 2 * MIB),
+            ("pages of another size", big + 20 * MIB, r, 20 * MIB),
+        ] {
+            assert!(
+                matches!(
+                    d.alias(target, source, size),
+                    Err(BackendError::Device {
+                        operation: "alias",
+                        ..
+                    })
+                ),
+                "{what}"
+            );
+        }
+        assert_eq!((d.used(), d.page_count(), d.call_counts()), before);
+        assert_eq!(d.page_at(r + 20 * MIB), None);
+    }
+
+    #[test]
+    fn an_alias_takes_allocation_faults_as_a_map_does() {
+        let mut d = SimDevice::new(8 * MIB);
+        let r = d.reserve(20 * MIB, 2 * MIB).unwrap();
+        d.map(r, 8 * MIB).unwrap();
+        // The device is full, yet an alias makes no memory: it succeeds.
+        d.alias(r + 8 * MIB, r, 2 * MIB).unwrap();
+        d.fail_next_allocs(1);
+        assert_eq!(
+            d.alias(r + 10 * MIB, r + 2 * MIB, 2 * MIB),
+            Err(BackendError::OutOfMemory)
+        );
+        d.inject(Faults {
+            alloc_error: 1,
+            ..Faults::default()
+        });
+        assert_eq!(
+            d.alias(r + 10 * MIB, r + 2 * MIB, 2 * MIB),
+            Err(BackendError::Injected { operation: "alias" })
+        );
+        assert_eq!(d.page_at(r + 10 * MIB), None);
+        d.alias(r + 10 * MIB, r + 2 * MIB, 2 * MIB).unwrap();
+        assert_eq!(d.call_counts(), (3, 0));
     }
 
     #[test]

@@ -138,7 +138,7 @@ impl<B: Backend> CachingCore<B> {
                 event_count,
                 stream_uses: Vec::new(),
                 gc_base,
-                mapped: true,
+                backing: crate::block::Backing::Mapped,
                 range: None,
             });
             if let Some(&prev) = ids.last() {

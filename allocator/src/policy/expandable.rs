@@ -7,7 +7,7 @@
 //! become unmapped blocks that merge with unmapped neighbours).
 
 use crate::backend::{Backend, BackendError, StreamId};
-use crate::block::{Block, BlockId, BlockPhase, Range};
+use crate::block::{Backing, Block, BlockId, BlockPhase, Range};
 use crate::error::Error;
 use crate::history::TraceAction;
 use crate::sizes::{Pool, SMALL_BUFFER};
@@ -33,7 +33,7 @@ pub(crate) fn range_size(capacity: u64, page: u64) -> u64 {
 
 impl<B: Backend> CachingCore<B> {
     /// The page of the pool's ranges under these settings (rule 19).
-    fn page_of(&self, pool: Pool) -> u64 {
+    pub(super) fn page_of(&self, pool: Pool) -> u64 {
         page_size(pool, self.settings.expandable_page_size)
     }
 
@@ -48,9 +48,7 @@ impl<B: Backend> CachingCore<B> {
         size: u64,
         headroom: f64,
     ) -> Result<(), Error> {
-        let current = self.stats.requested_bytes.all.current.max(0) as u64;
-        let w = self.requested_high_water.max(current.saturating_add(size));
-        let limit = w.saturating_add((w as f64 * headroom).floor() as u64);
+        let limit = self.reclaim_limit(size, headroom);
         let page = self.page_of(pool);
         let need = rounded.div_ceil(page).saturating_mul(page);
         if self.reserved.saturating_add(need) <= limit {
@@ -60,7 +58,8 @@ impl<B: Backend> CachingCore<B> {
         // have the growth map it again.
         let start = self
             .grow_start(pool, stream, rounded)
-            .filter(|&id| self.blocks.get(id).mapped);
+            .map(|(id, _)| id)
+            .filter(|&id| self.blocks.get(id).mapped());
         let mut listed: Vec<(u64, u64, BlockId)> = Vec::new();
         for set in &self.free {
             for &(_, _, _, id) in set {
@@ -82,9 +81,17 @@ impl<B: Backend> CachingCore<B> {
         Ok(())
     }
 
+    /// Rule 20's `limit` for a request of `size` bytes: `w + ⌊w × headroom⌋` with
+    /// `w = max(W, requested_bytes + size)`.
+    pub(super) fn reclaim_limit(&self, size: u64, headroom: f64) -> u64 {
+        let current = self.stats.requested_bytes.all.current.max(0) as u64;
+        let w = self.requested_high_water.max(current.saturating_add(size));
+        w.saturating_add((w as f64 * headroom).floor() as u64)
+    }
+
     /// The whole pages of its range inside the block `id`, as `(first, end)` addresses; `None`
     /// for a block of no range or one that holds no whole page.
-    fn whole_pages(&self, id: BlockId) -> Option<(u64, u64)> {
+    pub(super) fn whole_pages(&self, id: BlockId) -> Option<(u64, u64)> {
         let b = self.blocks.get(id);
         let base = b.range?;
         let page = self.ranges[&base].page;
@@ -99,30 +106,37 @@ impl<B: Backend> CachingCore<B> {
         let tail = b
             .next
             .map(|n| self.blocks.get(n))
-            .filter(|n| !n.mapped)
+            .filter(|n| n.backing == Backing::Unmapped)
             .map_or(0, |n| n.size);
         b.size + tail
     }
 
     /// Rule 19b: grow a range of the pool and stream until a free block of `rounded` bytes
     /// exists, and take it out of the free set; `None` when the device has no room (pages
-    /// mapped by earlier steps stay mapped, as free memory).
+    /// mapped by earlier steps stay mapped, as free memory). With rule 22 acting (`limit`:
+    /// rule 20's), the growth also goes over lent blocks (re-homing them, rule 22e) and borrows
+    /// free pages before mapping new ones (rule 22f).
     pub(super) fn grow(
         &mut self,
         pool: Pool,
         stream: StreamId,
         rounded: u64,
+        limit: Option<u64>,
     ) -> Result<Option<BlockId>, Error> {
-        let mut start = match self.grow_start(pool, stream, rounded) {
-            Some(id) => id,
+        let (mut start, run_end) = match self.grow_start(pool, stream, rounded) {
+            Some(found) => found,
             None => match self.new_range(pool, stream)? {
-                Some(id) => id,
+                Some(id) => {
+                    let b = self.blocks.get(id);
+                    (id, b.address + b.size)
+                }
                 None => return Ok(None),
             },
         };
-        if !self.blocks.get(start).mapped {
+        let run = (self.blocks.get(start).address, run_end);
+        if !self.blocks.get(start).mapped() {
             let n = self.blocks.get(start).size.min(rounded);
-            match self.map_step(start, n)? {
+            match self.grow_step(start, n, limit, run)? {
                 Some(id) => start = id,
                 None => return Ok(None),
             }
@@ -133,7 +147,7 @@ impl<B: Backend> CachingCore<B> {
                 .next
                 .expect("rule 19b: the start's room goes on in the block after it");
             let n = (rounded - b.size).min(self.blocks.get(next).size);
-            match self.map_step(next, n)? {
+            match self.grow_step(next, n, limit, run)? {
                 Some(id) => start = id,
                 None => return Ok(None),
             }
@@ -144,29 +158,78 @@ impl<B: Backend> CachingCore<B> {
         Ok(Some(start))
     }
 
-    /// Rule 19b: the first unmapped block of the pool and stream, in address order — or the
-    /// free block before it — from which free and unmapped blocks reach `rounded` bytes.
-    fn grow_start(&self, pool: Pool, stream: StreamId, rounded: u64) -> Option<BlockId> {
-        let free_or_unmapped = |id: BlockId| self.blocks.get(id).state == BlockPhase::Free;
-        for &(s, _, id) in self.unmapped[pool.index()].range((stream, 0, 0)..) {
-            if s != stream {
-                break;
+    /// One step of rule 19b's growth on the unmapped or lent block `id`, for its first `n`
+    /// bytes: a re-homing (rule 22e), a borrowing and mapping (rule 22f), or a plain map step.
+    fn grow_step(
+        &mut self,
+        id: BlockId,
+        n: u64,
+        limit: Option<u64>,
+        run: (u64, u64),
+    ) -> Result<Option<BlockId>, Error> {
+        match (self.blocks.get(id).backing, limit) {
+            (Backing::Lent, _) => Ok(Some(self.rehome_step(id, n))),
+            (_, Some(limit)) => self.borrow_and_map(id, n, limit, run),
+            (_, None) => self.map_step(id, n),
+        }
+    }
+
+    /// Rule 19b (and 22e): the first unmapped — or lent, with every slot usable — block of the
+    /// pool and stream, in address order, or the free block before it, from which free,
+    /// unmapped and such lent blocks reach `rounded` bytes (and whose run, under rule 22e, maps
+    /// no page twice and holds no home of its lent slots' pages). Returns it and the end of its
+    /// run.
+    pub(super) fn grow_start(
+        &self,
+        pool: Pool,
+        stream: StreamId,
+        rounded: u64,
+    ) -> Option<(BlockId, u64)> {
+        let p = pool.index();
+        let summable = |id: BlockId| {
+            let b = self.blocks.get(id);
+            match b.backing {
+                Backing::Mapped => b.state == BlockPhase::Free,
+                Backing::Unmapped => true,
+                Backing::Lent => self.lent_all_usable(id),
             }
-            let start = match self.blocks.get(id).prev {
-                Some(p) if free_or_unmapped(p) => p,
+        };
+        let unmapped = self.unmapped[p]
+            .range((stream, 0, 0)..)
+            .take_while(|k| k.0 == stream);
+        let mut lent = self.lent_at[p]
+            .range((stream, 0, 0)..)
+            .take_while(|k| k.0 == stream)
+            .peekable();
+        let mut unmapped = unmapped.peekable();
+        // The two sets merged in address order.
+        let mut next = || match (unmapped.peek(), lent.peek()) {
+            (Some(u), Some(l)) if l.1 < u.1 => lent.next(),
+            (Some(_), _) => unmapped.next(),
+            (None, _) => lent.next(),
+        };
+        while let Some(&(_, _, id)) = next() {
+            let b = self.blocks.get(id);
+            if b.backing == Backing::Lent && !self.lent_all_usable(id) {
+                continue;
+            }
+            let start = match b.prev {
+                Some(p) if self.blocks.get(p).free_mapped() => p,
                 _ => id,
             };
             let mut room = 0u64;
+            let mut end = 0u64;
             let mut cur = Some(start);
             while room < rounded
-                && let Some(c) = cur.filter(|&c| free_or_unmapped(c))
+                && let Some(c) = cur.filter(|&c| summable(c))
             {
                 let b = self.blocks.get(c);
                 room += b.size;
+                end = b.address + b.size;
                 cur = b.next;
             }
-            if room >= rounded {
-                return Some(start);
+            if room >= rounded && self.run_is_clean(start, end) {
+                return Some((start, end));
             }
         }
         None
@@ -183,8 +246,9 @@ impl<B: Backend> CachingCore<B> {
         }
         let base = self.backend.reserve(size, page)?;
         self.ranges.insert(base, Range { size, page });
+        self.add_range_pages(base, page);
         let id = self.blocks.insert(Block {
-            mapped: false,
+            backing: Backing::Unmapped,
             ..Block::free(
                 base,
                 size,
@@ -201,10 +265,10 @@ impl<B: Backend> CachingCore<B> {
     /// Rule 19b: one map step — back the first `n` bytes of the unmapped block `id`, rounded up
     /// to whole pages, with memory. The mapped part becomes a free block that merges with free
     /// neighbours; returns the merged block, or `None` when the device had no room.
-    fn map_step(&mut self, id: BlockId, n: u64) -> Result<Option<BlockId>, Error> {
+    pub(super) fn map_step(&mut self, id: BlockId, n: u64) -> Result<Option<BlockId>, Error> {
         let (address, size, pool, stream, range) = {
             let b = self.blocks.get(id);
-            debug_assert!(!b.mapped && b.state == BlockPhase::Free);
+            debug_assert!(b.backing == Backing::Unmapped && b.state == BlockPhase::Free);
             (b.address, b.size, b.pool, b.stream, b.range)
         };
         let page = range
@@ -219,14 +283,35 @@ impl<B: Backend> CachingCore<B> {
             Err(BackendError::OutOfMemory) => return Ok(None),
             Err(e) => return Err(Error::Backend(e)),
         }
+        if let Some(base) = range {
+            self.pages_mapped(base, address, bytes);
+        }
+        let (id, _) = self.back_unmapped(id, bytes);
+        self.reserved += bytes;
+        self.stats.reserved_bytes.increase(pool, bytes);
+        self.stats.num_device_alloc += 1;
+        self.trace(TraceAction::SegmentMap, address, bytes, stream);
+        Ok(Some(id))
+    }
+
+    /// Rules 19b and 22f: the first `bytes` (whole pages) of the unmapped block `id` now have
+    /// memory behind them: they become a free block that merges with free mapped neighbours
+    /// and enters the free set, the rest staying unmapped after it. Returns the merged block and
+    /// the unmapped rest, if any. No device call, no statistic.
+    pub(super) fn back_unmapped(&mut self, id: BlockId, bytes: u64) -> (BlockId, Option<BlockId>) {
+        let (address, size, pool, stream, range) = {
+            let b = self.blocks.get(id);
+            (b.address, b.size, b.pool, b.stream, b.range)
+        };
         let p = pool.index();
         self.unmapped[p].remove(&(stream, address, id));
+        let mut rest = None;
         if bytes < size {
             let next = self.blocks.get(id).next;
-            let rest = self.blocks.insert(Block {
+            let r = self.blocks.insert(Block {
                 prev: Some(id),
                 next,
-                mapped: false,
+                backing: Backing::Unmapped,
                 ..Block::free(
                     address + bytes,
                     size - bytes,
@@ -237,30 +322,27 @@ impl<B: Backend> CachingCore<B> {
                 )
             });
             if let Some(nn) = next {
-                self.blocks.get_mut(nn).prev = Some(rest);
+                self.blocks.get_mut(nn).prev = Some(r);
             }
-            self.unmapped[p].insert((stream, address + bytes, rest));
+            self.unmapped[p].insert((stream, address + bytes, r));
             let b = self.blocks.get_mut(id);
-            b.next = Some(rest);
+            b.next = Some(r);
             b.size = bytes;
+            rest = Some(r);
         }
         let (prev, next) = {
             let b = self.blocks.get_mut(id);
-            b.mapped = true;
+            b.backing = Backing::Mapped;
             (b.prev, b.next)
         };
         // Blocks of ranges never count as inactive split (rule 19d): the net is not needed.
-        let _ = self.absorb_neighbours(id, prev, next, true);
+        let _ = self.absorb_neighbours(id, prev, next, Backing::Mapped);
         let gc_base = self.searches[p];
         let b = self.blocks.get_mut(id);
         b.gc_base = gc_base;
         let key = (b.stream, b.size, b.address, id);
         self.free[p].insert(key);
-        self.reserved += bytes;
-        self.stats.reserved_bytes.increase(pool, bytes);
-        self.stats.num_device_alloc += 1;
-        self.trace(TraceAction::SegmentMap, address, bytes, stream);
-        Ok(Some(id))
+        (id, rest)
     }
 
     /// Rule 19e: unmap the whole pages inside every free mapped block of the pool's ranges, in
@@ -285,7 +367,7 @@ impl<B: Backend> CachingCore<B> {
     fn unmap_block(&mut self, id: BlockId) -> Result<(), Error> {
         let (address, size, pool, stream, base) = {
             let b = self.blocks.get(id);
-            debug_assert!(b.mapped && b.state == BlockPhase::Free);
+            debug_assert!(b.free_mapped());
             let base = b
                 .range
                 .expect("rule 19e: only blocks of ranges are unmapped");
@@ -331,23 +413,32 @@ impl<B: Backend> CachingCore<B> {
             let b = self.blocks.get_mut(id);
             b.address = first;
             b.size = bytes;
-            b.mapped = false;
+            b.backing = Backing::Unmapped;
             (b.prev, b.next)
         };
-        let _ = self.absorb_neighbours(id, prev, next, false);
-        let b = self.blocks.get(id);
-        let (whole, unmapped_at) = (!b.is_split(), b.address);
-        self.unmapped[p].insert((stream, unmapped_at, id));
+        self.pages_unmapped(base, first, bytes, true);
+        let _ = self.absorb_neighbours(id, prev, next, Backing::Unmapped);
         self.reserved -= bytes;
         self.stats.reserved_bytes.decrease(pool, bytes);
         self.stats.num_device_free += 1;
         self.trace(TraceAction::SegmentUnmap, first, bytes, stream);
+        self.settle_unmapped(id)
+    }
+
+    /// Rules 19e and 22g: the unmapped block `id` (merged with its unmapped neighbours) enters
+    /// the unmapped set; a range it leaves as one unmapped block gives its address space back.
+    pub(super) fn settle_unmapped(&mut self, id: BlockId) -> Result<(), Error> {
+        let b = self.blocks.get(id);
+        let (whole, at, stream, p) = (!b.is_split(), b.address, b.stream, b.pool.index());
+        let base = b.range.expect("an unmapped block is a block of a range");
+        self.unmapped[p].insert((stream, at, id));
         if whole {
             let range = self.ranges[&base];
             self.backend.release_reservation(base, range.size)?;
-            self.unmapped[p].remove(&(stream, unmapped_at, id));
+            self.unmapped[p].remove(&(stream, at, id));
             self.blocks.remove(id);
             self.ranges.remove(&base);
+            self.drop_range_pages(base);
         }
         Ok(())
     }

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use rustc_hash::FxHashMap;
 
 use crate::backend::{Backend, BackendError, EventId, StreamId};
-use crate::block::{Block, BlockId, BlockPhase, FreeKey, Range, Slab, UnmappedKey};
+use crate::block::{Backing, Block, BlockId, BlockPhase, FreeKey, Range, Slab, UnmappedKey};
 use crate::error::{Error, OutOfMemory};
 use crate::history::{History, HistoryOptions, RecordedEvent, TraceAction, TraceEvent};
 use crate::invariants::{CoreParts, InvariantViolation};
@@ -20,6 +20,9 @@ use crate::sizes::{MAX_ALLOC_SIZE, MIN_BLOCK_SIZE, Pool, SMALL_SIZE, round_size,
 use crate::stats::Stats;
 
 pub(crate) mod adopt;
+pub(crate) mod alias;
+
+use alias::PageTable;
 mod expandable;
 mod release;
 #[cfg(test)]
@@ -56,6 +59,14 @@ pub struct SegmentInfo {
     pub blocks: Vec<BlockInfo>,
 }
 
+/// What rule 6's search found (rules 19a, 22d): the free-set key of a free block, or the
+/// lent-set key of a lent block whose first slots are usable.
+#[derive(Clone, Copy, Debug)]
+enum Found {
+    Free(FreeKey),
+    Lent(FreeKey),
+}
+
 /// A request that found no cached block (rule 7), as the steps after it need it.
 #[derive(Clone, Copy, Debug)]
 struct Request {
@@ -79,6 +90,13 @@ pub struct CachingCore<B: Backend> {
     free: [BTreeSet<FreeKey>; 2],
     /// Per pool: the unmapped blocks of ranges (rule 19).
     unmapped: [BTreeSet<UnmappedKey>; 2],
+    /// Per pool: the lent blocks of ranges (rule 22a) by `(stream, size, address)`, for best
+    /// fit (rule 22d).
+    lent: [BTreeSet<FreeKey>; 2],
+    /// Per pool: the same lent blocks by `(stream, address)`, for the growth's start (rule 22e).
+    lent_at: [BTreeSet<UnmappedKey>; 2],
+    /// The page table (rule 22a): present only while page aliasing acts.
+    pages: Option<PageTable>,
     /// The ranges of expandable segments, by first address (rule 19).
     ranges: BTreeMap<u64, Range>,
     live: FxHashMap<u64, BlockId>,
@@ -117,6 +135,9 @@ impl<B: Backend> CachingCore<B> {
             });
         }
         let fraction = settings.per_process_memory_fraction;
+        let aliasing = settings.page_aliasing
+            && settings.expandable_segments
+            && settings.reclaim_headroom.is_some();
         let mut core = CachingCore {
             backend,
             settings,
@@ -124,6 +145,9 @@ impl<B: Backend> CachingCore<B> {
             blocks: Slab::default(),
             free: [BTreeSet::new(), BTreeSet::new()],
             unmapped: [BTreeSet::new(), BTreeSet::new()],
+            lent: [BTreeSet::new(), BTreeSet::new()],
+            lent_at: [BTreeSet::new(), BTreeSet::new()],
+            pages: aliasing.then(PageTable::default),
             ranges: BTreeMap::new(),
             live: FxHashMap::default(),
             events: BTreeMap::new(),
@@ -280,14 +304,19 @@ impl<B: Backend> CachingCore<B> {
         let pool = Pool::for_size(rounded);
         let alloc_size = segment_size(rounded);
 
-        let id = match self.get_free_block(pool, stream, rounded) {
-            Some(id) => id,
+        let (id, rehomed) = match self.get_free_block(pool, stream, rounded) {
+            Some(found) => found,
             None => match self.allocate_when_uncached(pool, stream, alloc_size, rounded, size)? {
-                Some(id) => id,
+                Some(id) => (id, false),
                 None => return Err(self.out_of_memory(size, rounded, alloc_size, stream)),
             },
         };
-        Ok(self.hand_out(id, rounded, size))
+        let address = self.hand_out(id, rounded, size);
+        if rehomed {
+            // Rule 22d: the remainder of a re-homed lent candidate merges with the block after.
+            self.merge_remainder(id);
+        }
+        Ok(address)
     }
 
     /// Rule 7: garbage collection, a new segment, oversize release, full release and retry.
@@ -342,10 +371,15 @@ impl<B: Backend> CachingCore<B> {
             return Ok(None);
         }
         if self.settings.expandable_segments {
+            if let Some(headroom) = self.aliasing() {
+                // Rule 22f: borrowing replaces rule 20's unmapping, against rule 20's limit.
+                let limit = self.reclaim_limit(size, headroom);
+                return self.grow(pool, stream, rounded, Some(limit));
+            }
             if let Some(headroom) = self.settings.reclaim_headroom {
                 self.reclaim(pool, stream, rounded, size, headroom)?;
             }
-            self.grow(pool, stream, rounded)
+            self.grow(pool, stream, rounded, None)
         } else {
             self.alloc_segment(pool, stream, alloc_size)
         }
@@ -392,20 +426,62 @@ impl<B: Backend> CachingCore<B> {
     }
 
     /// Rule 6: the smallest `(size, address)` free block of the stream that fits, unless the
-    /// oversize rules forbid it. Removes it from the free set.
-    fn get_free_block(&mut self, pool: Pool, stream: StreamId, rounded: u64) -> Option<BlockId> {
+    /// oversize rules forbid it, out of the free set — or, under rule 22d, a lent block's
+    /// first slots re-homed into a free block (then `true`). In no set.
+    fn get_free_block(
+        &mut self,
+        pool: Pool,
+        stream: StreamId,
+        rounded: u64,
+    ) -> Option<(BlockId, bool)> {
         let p = pool.index();
         if self.gc_enabled() {
             self.searches[p] += 1;
         }
-        let key = self.find_free_block(pool, stream, rounded)?;
-        self.free[p].remove(&key);
-        Some(key.3)
+        match self.find_free_block(pool, stream, rounded)? {
+            Found::Free(key) => {
+                self.free[p].remove(&key);
+                Some((key.3, false))
+            }
+            Found::Lent(key) => {
+                let k = rounded.div_ceil(self.page_of(pool));
+                Some((self.rehome(key.3, k), true))
+            }
+        }
     }
 
-    /// Rule 6's search (with rule 19a's walk by reach): the free-set key of the block to hand
-    /// out, or `None`. Changes nothing.
-    fn find_free_block(&self, pool: Pool, stream: StreamId, rounded: u64) -> Option<FreeKey> {
+    /// Rule 6's search (with rule 19a's walk by reach and rule 22d's lent candidates): the
+    /// block to hand out, or `None`. Changes nothing.
+    fn find_free_block(&self, pool: Pool, stream: StreamId, rounded: u64) -> Option<Found> {
+        let free = self.free_candidate(pool, stream, rounded);
+        let found = if self.pages.is_some() {
+            // Rule 22d: a lent block smaller by (size, address) than rule 19a's candidate wins.
+            match (free, self.lent_candidate(pool, stream, rounded, free)) {
+                (Some(f), Some(l)) if (l.1, l.2) < (f.1, f.2) => Found::Lent(l),
+                (None, Some(l)) => Found::Lent(l),
+                (Some(f), _) => Found::Free(f),
+                (None, None) => return None,
+            }
+        } else {
+            Found::Free(free?)
+        };
+        let size = match found {
+            Found::Free(k) | Found::Lent(k) => k.1,
+        };
+        let max_split = self.settings.max_split_size;
+        if rounded < max_split && size >= max_split {
+            return None;
+        }
+        if rounded >= max_split
+            && size >= rounded.saturating_add(self.settings.max_non_split_rounding_size)
+        {
+            return None;
+        }
+        Some(found)
+    }
+
+    /// Rule 6's candidate (with rule 19a's walk by reach), before the oversize checks.
+    fn free_candidate(&self, pool: Pool, stream: StreamId, rounded: u64) -> Option<FreeKey> {
         let p = pool.index();
         let mut candidates = self.free[p].range((stream, rounded, 0, 0)..);
         let mut key = *candidates.next()?;
@@ -426,16 +502,6 @@ impl<B: Backend> CachingCore<B> {
                 key = next;
                 reach = r;
             }
-        }
-        let (_, size, _, _) = key;
-        let max_split = self.settings.max_split_size;
-        if rounded < max_split && size >= max_split {
-            return None;
-        }
-        if rounded >= max_split
-            && size >= rounded.saturating_add(self.settings.max_non_split_rounding_size)
-        {
-            return None;
         }
         Some(key)
     }
@@ -533,6 +599,8 @@ impl<B: Backend> CachingCore<B> {
         b.state = BlockPhase::Allocated;
         b.requested = requested;
         let size = b.size;
+        // Rule 22b: the pages under the block are busy from now until it returns to the pool.
+        self.track_busy(in_range, address, size, 1);
         self.live.insert(address, id);
         self.trace(TraceAction::Alloc, address, requested, stream);
         let s = &mut self.stats;
@@ -626,13 +694,18 @@ impl<B: Backend> CachingCore<B> {
             let b = self.blocks.get(id);
             (b.pool, b.size, b.requested, b.prev, b.next)
         };
+        if self.pages.is_some() {
+            let b = self.blocks.get(id);
+            self.track_busy(b.range, b.address, b.size, -1);
+        }
         if self.history.is_some() {
             let b = self.blocks.get(id);
             let (address, stream) = (b.address, b.stream);
             self.trace(TraceAction::FreeCompleted, address, requested, stream);
         }
         let p = pool.index();
-        let (mut net_blocks, mut net_bytes) = self.absorb_neighbours(id, prev, next, true);
+        let (mut net_blocks, mut net_bytes) =
+            self.absorb_neighbours(id, prev, next, Backing::Mapped);
         let gc_base = self.searches[p];
         let b = self.blocks.get_mut(id);
         b.state = BlockPhase::Free;
@@ -658,22 +731,23 @@ impl<B: Backend> CachingCore<B> {
         s.requested_bytes.decrease(pool, requested);
     }
 
-    /// Rules 10 and 19: block `id` (whose neighbours were `prev` and `next`) takes in each
-    /// neighbour that is free and, like it, `mapped` (or not); the neighbours leave their free
-    /// or unmapped set. Returns the change in free split blocks and bytes this made (each
-    /// neighbour taken in was one), for the inactive-split statistics.
+    /// Rules 10, 19 and 22: block `id` (whose neighbours were `prev` and `next`) takes in each
+    /// neighbour that is free and backed like it (`kind`: mapped, unmapped or lent); the
+    /// neighbours leave their free, unmapped or lent sets. Returns the change in free split
+    /// blocks and bytes this made (each neighbour taken in was one), for the inactive-split
+    /// statistics.
     fn absorb_neighbours(
         &mut self,
         id: BlockId,
         prev: Option<BlockId>,
         next: Option<BlockId>,
-        mapped: bool,
+        kind: Backing,
     ) -> (i64, i64) {
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
         let mergeable = |core: &Self, n: BlockId| {
             let b = core.blocks.get(n);
-            b.state == BlockPhase::Free && b.mapped == mapped
+            b.state == BlockPhase::Free && b.backing == kind
         };
         if let Some(pid) = prev.filter(|&n| mergeable(self, n)) {
             let src = self.blocks.remove(pid);
@@ -703,13 +777,17 @@ impl<B: Backend> CachingCore<B> {
         (net_blocks, net_bytes)
     }
 
-    /// Takes the free block `b` (slab id `id`) out of its free or unmapped set.
+    /// Takes the free block `b` (slab id `id`) out of its free, unmapped or lent sets.
     fn forget_free(&mut self, b: &Block, id: BlockId) {
         let p = b.pool.index();
-        if b.mapped {
-            self.free[p].remove(&(b.stream, b.size, b.address, id));
-        } else {
-            self.unmapped[p].remove(&(b.stream, b.address, id));
+        match b.backing {
+            Backing::Mapped => {
+                self.free[p].remove(&(b.stream, b.size, b.address, id));
+            }
+            Backing::Unmapped => {
+                self.unmapped[p].remove(&(b.stream, b.address, id));
+            }
+            Backing::Lent => self.unindex_lent(b, id),
         }
     }
 
@@ -746,7 +824,9 @@ impl<B: Backend> CachingCore<B> {
     pub fn segments(&self) -> Vec<SegmentInfo> {
         // A segment starts at a block with no mapped block before it: the head of a segment,
         // or of a run of mapped blocks in a range (rule 19h).
-        let starts_run = |b: &Block| b.mapped && b.prev.is_none_or(|p| !self.blocks.get(p).mapped);
+        // A lent block (rule 22a) ends a run like an unmapped one.
+        let starts_run =
+            |b: &Block| b.mapped() && b.prev.is_none_or(|p| !self.blocks.get(p).mapped());
         let mut out: Vec<SegmentInfo> = self
             .blocks
             .iter()
@@ -756,7 +836,7 @@ impl<B: Backend> CachingCore<B> {
                 let mut cur = Some(head);
                 while let Some(id) = cur {
                     let x = self.blocks.get(id);
-                    if !x.mapped {
+                    if !x.mapped() {
                         break;
                     }
                     blocks.push(BlockInfo {
@@ -792,6 +872,9 @@ impl<B: Backend> CachingCore<B> {
             blocks: &self.blocks,
             free: &self.free,
             unmapped: &self.unmapped,
+            lent: &self.lent,
+            lent_at: &self.lent_at,
+            pages: self.pages.as_ref(),
             ranges: &self.ranges,
             live: &self.live,
             events: &self.events,

@@ -26,11 +26,16 @@ impl<B: Backend> CachingCore<B> {
                 self.retire_event(stream, event, id);
             }
         }
-        // Rule 19e: per pool, whole segments first, then the free pages of ranges.
-        self.release_whole_segments(Pool::Large)?;
-        self.unmap_free_pages(Pool::Large)?;
-        self.release_whole_segments(Pool::Small)?;
-        self.unmap_free_pages(Pool::Small)
+        // Rule 19e: per pool, whole segments first, then (rule 22g) the lent blocks, then the
+        // free pages of ranges.
+        for pool in [Pool::Large, Pool::Small] {
+            self.release_whole_segments(pool)?;
+            if self.pages.is_some() {
+                self.unmap_lent(pool)?;
+            }
+            self.unmap_free_pages(pool)?;
+        }
+        Ok(())
     }
 
     fn release_whole_segments(&mut self, pool: Pool) -> Result<(), Error> {

@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::backend::sim::{SIM_BASE_ADDRESS, SimDevice};
+use crate::block::Backing;
 use crate::invariants::InvariantViolation;
 
 const MIB: u64 = 1 << 20;
@@ -333,4 +334,657 @@ fn a_block_missing_from_its_free_set_is_a_typed_violation() {
         Err(InvariantViolation::FreeSetMembership { address: a + 512 })
     );
     assert_eq!(SIM_BASE_ADDRESS, a);
+}
+
+// --- rule 22: page aliasing --------------------------------------------------------------
+
+/// A core on a large simulated device under rule 22's example settings: 2 MiB pages in both
+/// pools, 2.5 % reclaim headroom, page aliasing.
+fn aliasing_core(capacity: u64) -> CachingCore<SimDevice> {
+    let settings = Settings::pytorch()
+        .apply(
+            "expandable_segments:True,expandable_page_mb:2,reclaim_headroom:0.025,\
+             page_aliasing:True",
+        )
+        .unwrap();
+    CachingCore::new(SimDevice::new(capacity), settings).unwrap()
+}
+
+/// Every block of every range, lent and unmapped ones included, by address: `(address, size,
+/// backing, state)`.
+fn range_layout(c: &CachingCore<SimDevice>) -> Vec<(u64, u64, Backing, BlockPhase)> {
+    let mut out: Vec<_> = c
+        .blocks
+        .iter()
+        .filter(|(_, b)| b.range.is_some())
+        .map(|(_, b)| (b.address, b.size, b.backing, b.state))
+        .collect();
+    out.sort_unstable_by_key(|b| b.0);
+    out
+}
+
+/// Both checkers of rule 22i: the core's, and the device's own page table — the pages under
+/// the live (allocated or pending) blocks' slots are pairwise distinct.
+fn check_aliasing(c: &CachingCore<SimDevice>) {
+    c.check_invariants().unwrap();
+    let mut slots: Vec<u64> = Vec::new();
+    for s in c.segments().iter().filter(|s| s.expandable) {
+        for b in s.blocks.iter().filter(|b| b.state != BlockPhase::Free) {
+            let first = b.address / (2 * MIB) * (2 * MIB);
+            slots.extend((first..b.address + b.size).step_by(2 * MIB as usize));
+        }
+    }
+    slots.sort_unstable();
+    slots.dedup();
+    let mut pages: Vec<_> = slots
+        .iter()
+        .map(|&s| {
+            c.backend()
+                .page_at(s)
+                .expect("a live block's slot is mapped")
+        })
+        .collect();
+    pages.sort_unstable();
+    let n = pages.len();
+    pages.dedup();
+    assert_eq!(pages.len(), n, "a page lies under two live blocks");
+}
+
+const S: StreamId = StreamId(0);
+
+/// Rule 22's example pass: alloc A (10 MiB), alloc B (4 MiB), free A, alloc C (12 MiB), free B,
+/// free C.
+fn example_pass(c: &mut CachingCore<SimDevice>) {
+    let a = c.malloc(10 * MIB, S).unwrap();
+    check_aliasing(c);
+    let b = c.malloc(4 * MIB, S).unwrap();
+    check_aliasing(c);
+    c.free(a).unwrap();
+    let cc = c.malloc(12 * MIB, S).unwrap();
+    check_aliasing(c);
+    c.free(b).unwrap();
+    c.free(cc).unwrap();
+    check_aliasing(c);
+}
+
+#[test]
+fn a_loop_whose_allocations_repeat_reaches_a_steady_state_with_no_device_call() {
+    let mut c = aliasing_core(1 << 36);
+    let base = SIM_BASE_ADDRESS;
+    c.record_history(Some(usize::MAX));
+    example_pass(&mut c);
+    // Pass 1: A and B are mapped (5 and 2 pages); C borrows A's five free pages by one alias
+    // and maps one new page.
+    let maps: Vec<(TraceAction, u64, u64)> = c
+        .history()
+        .iter()
+        .filter(|e| {
+            matches!(
+                e.action,
+                TraceAction::SegmentMap | TraceAction::SegmentUnmap
+            )
+        })
+        .map(|e| (e.action, e.address - base, e.size / MIB))
+        .collect();
+    use TraceAction::{SegmentMap as Map, SegmentUnmap as Unmap};
+    let mut want = vec![(Map, 0, 10), (Map, 10 * MIB, 4)];
+    want.extend((0..5).map(|i| (Unmap, 2 * i * MIB, 2)));
+    want.extend([(Map, 14 * MIB, 10), (Map, 24 * MIB, 2)]);
+    assert_eq!(maps, want);
+    assert_eq!(c.stats().num_device_alloc, 4);
+    assert_eq!(c.stats().num_device_free, 0);
+    assert_eq!(c.backend().call_counts(), (4, 0));
+    // 16 MiB of memory (eight pages), though 26 MiB of the range is mapped: A's old place is
+    // lent, B and C's free.
+    assert_eq!(c.stats().reserved_bytes.all.current, 16 * MIB as i64);
+    assert_eq!(c.backend().used(), 16 * MIB);
+    let end_of_pass = range_layout(&c);
+    assert_eq!(
+        end_of_pass[..3],
+        [
+            (base, 10 * MIB, Backing::Lent, BlockPhase::Free),
+            (base + 10 * MIB, 16 * MIB, Backing::Mapped, BlockPhase::Free),
+            (
+                base + 26 * MIB,
+                end_of_pass[2].1,
+                Backing::Unmapped,
+                BlockPhase::Free
+            ),
+        ]
+    );
+    assert_eq!(end_of_pass.len(), 3);
+    let segments = c.segments();
+    for pass in 2..=5 {
+        example_pass(&mut c);
+        assert_eq!(c.stats().num_device_alloc, 4, "pass {pass}");
+        assert_eq!(c.stats().num_device_free, 0, "pass {pass}");
+        assert_eq!(c.backend().call_counts(), (4, 0), "pass {pass}");
+        assert_eq!(range_layout(&c), end_of_pass, "pass {pass}");
+        assert_eq!(c.segments(), segments, "pass {pass}");
+        assert_eq!(c.stats().reserved_bytes.all.current, 16 * MIB as i64);
+    }
+    c.empty_cache().unwrap();
+    assert_eq!(c.backend().used(), 0);
+}
+
+/// The map and unmap entries of the history since it was last cleared, relative to `base`, in
+/// MiB: `(action, offset, size)`.
+fn map_history(c: &CachingCore<SimDevice>, base: u64) -> Vec<(TraceAction, u64, u64)> {
+    c.history()
+        .iter()
+        .filter(|e| {
+            matches!(
+                e.action,
+                TraceAction::SegmentMap | TraceAction::SegmentUnmap
+            )
+        })
+        .map(|e| (e.action, (e.address - base) / MIB, e.size / MIB))
+        .collect()
+}
+
+/// What [`observed`] sees: the ranges' blocks, the statistics, device memory, the device's call
+/// counts and the pages behind the mapped part of the ranges.
+type Observed = (
+    Vec<(u64, u64, Backing, BlockPhase)>,
+    Stats,
+    u64,
+    (u64, u64),
+    Vec<Option<crate::backend::sim::PageId>>,
+);
+
+/// Everything observable of a core and its device, to tell that a failed call changed nothing.
+fn observed(c: &CachingCore<SimDevice>) -> Observed {
+    let layout = range_layout(c);
+    let pages = layout
+        .iter()
+        .filter(|b| b.1 < 1 << 30)
+        .flat_map(|b| (b.0..b.0 + b.1).step_by(2 * MIB as usize))
+        .map(|a| c.backend().page_at(a))
+        .collect();
+    (
+        layout,
+        c.stats().clone(),
+        c.backend().used(),
+        c.backend().call_counts(),
+        pages,
+    )
+}
+
+#[test]
+fn re_homing_carves_each_home_out_of_its_free_block_and_changes_no_statistic() {
+    // Rule 22c, through rule 22d: after the example's first pass A's old place [0, 10) MiB is
+    // lent, its pages at home in the free [10, 26).
+    let mut c = aliasing_core(1 << 36);
+    let base = SIM_BASE_ADDRESS;
+    example_pass(&mut c);
+    let stats = c.stats().clone();
+    c.record_history(Some(usize::MAX));
+    assert_eq!(c.malloc(10 * MIB, S).unwrap(), base);
+    // Each home is carved (unmapped there) in address order, then the lent slots are mapped as
+    // the new homes; then the allocation.
+    use TraceAction::{SegmentMap as Map, SegmentUnmap as Unmap};
+    let mut want: Vec<_> = (0..5).map(|i| (Unmap, 14 + 2 * i, 2)).collect();
+    want.push((Map, 0, 10));
+    assert_eq!(map_history(&c, base), want);
+    assert_eq!(c.history().last().unwrap().action, TraceAction::Alloc);
+    // The homes became one lent block between the free parts before and after them.
+    let layout = range_layout(&c);
+    assert_eq!(
+        layout[..5],
+        [
+            (base, 10 * MIB, Backing::Mapped, BlockPhase::Allocated),
+            (base + 10 * MIB, 4 * MIB, Backing::Mapped, BlockPhase::Free),
+            (base + 14 * MIB, 10 * MIB, Backing::Lent, BlockPhase::Free),
+            (base + 24 * MIB, 2 * MIB, Backing::Mapped, BlockPhase::Free),
+            (
+                base + 26 * MIB,
+                layout[4].1,
+                Backing::Unmapped,
+                BlockPhase::Free
+            ),
+        ]
+    );
+    // No driver call; reserved bytes, device memory and segment counts as before.
+    assert_eq!(c.backend().call_counts(), (4, 0));
+    assert_eq!(c.backend().used(), 16 * MIB);
+    let s = c.stats();
+    assert_eq!(s.reserved_bytes, stats.reserved_bytes);
+    assert_eq!(s.segment, stats.segment);
+    assert_eq!(s.inactive_split, stats.inactive_split);
+    assert_eq!(
+        (s.num_device_alloc, s.num_device_free),
+        (stats.num_device_alloc, stats.num_device_free)
+    );
+    // The pages under A are the ones its lent slots mapped before.
+    let page = c.backend().page_at(base).unwrap();
+    assert_eq!(
+        c.backend().mappings(page),
+        [base, base + 14 * MIB],
+        "home and the old home, now lent"
+    );
+    check_aliasing(&c);
+}
+
+#[test]
+fn best_fit_takes_a_lent_block_whose_pages_are_usable_even_when_only_it_fits() {
+    // Rule 22d and rule 17a's question: two lent pages whose homes lie in two free 2 MiB
+    // blocks serve a 4 MiB request no free block can.
+    let mut c = aliasing_core(1 << 36);
+    let base = SIM_BASE_ADDRESS;
+    let x: Vec<u64> = (0..4).map(|_| c.malloc(2 * MIB, S).unwrap()).collect();
+    c.free(x[0]).unwrap();
+    c.free(x[2]).unwrap();
+    // Growing 4 MiB past the limit borrows both free pages (two candidates, two aliases).
+    let y = c.malloc(4 * MIB, S).unwrap();
+    assert_eq!(y, base + 8 * MIB);
+    assert_eq!(c.stats().num_device_alloc, 6);
+    assert_eq!(c.stats().reserved_bytes.all.current, 8 * MIB as i64);
+    c.free(y).unwrap();
+    // A lent block smaller by (size, address) than rule 19a's candidate wins: [0, 2) re-homes
+    // into the free [8, 12), then [4, 6) (2 MiB at 4 MiB before the free 2 MiB at 10 MiB).
+    assert_eq!(c.malloc(2 * MIB, S).unwrap(), base);
+    assert_eq!(c.malloc(2 * MIB, S).unwrap(), base + 4 * MIB);
+    check_aliasing(&c);
+    c.free(base).unwrap();
+    c.free(base + 4 * MIB).unwrap();
+    // Now the free blocks are 2 MiB each, and the lent [8, 12) maps the pages at home in them.
+    assert_eq!(
+        range_layout(&c)[4],
+        (base + 8 * MIB, 4 * MIB, Backing::Lent, BlockPhase::Free)
+    );
+    assert!(c.has_cached_block(4 * MIB, S).unwrap());
+    assert!(!c.has_cached_block(6 * MIB, S).unwrap());
+    let calls = c.backend().call_counts();
+    assert_eq!(c.malloc(4 * MIB, S).unwrap(), base + 8 * MIB);
+    assert_eq!(c.backend().call_counts(), calls);
+    check_aliasing(&c);
+}
+
+#[test]
+fn a_lent_block_whose_pages_are_busy_is_no_candidate() {
+    // Rule 22b: a page is busy when its home overlaps an allocated block.
+    let mut c = aliasing_core(1 << 36);
+    let base = SIM_BASE_ADDRESS;
+    example_pass(&mut c);
+    // 12 MiB: the lent [0, 10) is too small; the free [10, 26) serves it, over the homes.
+    assert_eq!(c.malloc(12 * MIB, S).unwrap(), base + 10 * MIB);
+    // 4 MiB: the lent block is smaller than the free [22, 26) but its first pages are busy.
+    assert!(c.has_cached_block(4 * MIB, S).unwrap());
+    assert_eq!(c.malloc(4 * MIB, S).unwrap(), base + 22 * MIB);
+    // Nothing free is left, and the lent pages are all busy: no cached block.
+    assert!(!c.has_cached_block(2 * MIB, S).unwrap());
+    check_aliasing(&c);
+}
+
+#[test]
+fn a_re_homed_lent_candidate_is_handed_out_from_its_first_byte_and_its_remainder_merges() {
+    // Rule 22d: 9 MiB re-homes five pages ([0, 10)); the 1 MiB left merges with the free
+    // [10, 14) after it, not with what lies before.
+    let mut c = aliasing_core(1 << 36);
+    let base = SIM_BASE_ADDRESS;
+    example_pass(&mut c);
+    assert_eq!(c.malloc(9 * MIB, S).unwrap(), base);
+    assert_eq!(
+        range_layout(&c)[..3],
+        [
+            (base, 9 * MIB, Backing::Mapped, BlockPhase::Allocated),
+            (base + 9 * MIB, 5 * MIB, Backing::Mapped, BlockPhase::Free),
+            (base + 14 * MIB, 10 * MIB, Backing::Lent, BlockPhase::Free),
+        ]
+    );
+    check_aliasing(&c);
+}
+
+#[test]
+fn growth_re_homes_a_lent_block_whose_slots_are_all_usable_without_a_device_call() {
+    // Rule 22e: the second pass's C grows from the lent block where the first pass's C was.
+    let mut c = aliasing_core(1 << 36);
+    let base = SIM_BASE_ADDRESS;
+    example_pass(&mut c);
+    let a = c.malloc(10 * MIB, S).unwrap();
+    let b = c.malloc(4 * MIB, S).unwrap();
+    assert_eq!((a, b), (base, base + 10 * MIB));
+    c.free(a).unwrap();
+    c.record_history(Some(usize::MAX));
+    let calls = c.backend().call_counts();
+    // The lent [14, 24) maps pages at home in the free [0, 10): a start; with the free
+    // [24, 26) after it the run holds 12 MiB.
+    assert_eq!(c.malloc(12 * MIB, S).unwrap(), base + 14 * MIB);
+    use TraceAction::{SegmentMap as Map, SegmentUnmap as Unmap};
+    let mut want: Vec<_> = (0..5).map(|i| (Unmap, 2 * i, 2)).collect();
+    want.push((Map, 14, 10));
+    assert_eq!(map_history(&c, base), want);
+    assert_eq!(c.backend().call_counts(), calls);
+    assert_eq!(c.stats().num_device_alloc, 4);
+    assert_eq!(c.stats().reserved_bytes.all.current, 16 * MIB as i64);
+    assert_eq!(
+        range_layout(&c)[..3],
+        [
+            (base, 10 * MIB, Backing::Lent, BlockPhase::Free),
+            (
+                base + 10 * MIB,
+                4 * MIB,
+                Backing::Mapped,
+                BlockPhase::Allocated
+            ),
+            (
+                base + 14 * MIB,
+                12 * MIB,
+                Backing::Mapped,
+                BlockPhase::Allocated
+            ),
+        ]
+    );
+    check_aliasing(&c);
+}
+
+#[test]
+fn a_start_whose_run_holds_the_home_of_one_of_its_lent_slots_is_not_taken() {
+    // Rule 22e: free [0, 14) then lent [14, 24) whose pages are at home in [0, 10): the run from
+    // 0 would carve its own start. The growth starts at the free [24, 26) instead and borrows
+    // [0, 14)'s seven pages (one alias), then maps two new ones.
+    let mut c = aliasing_core(1 << 36);
+    let base = SIM_BASE_ADDRESS;
+    example_pass(&mut c);
+    let a = c.malloc(10 * MIB, S).unwrap();
+    c.free(a).unwrap();
+    assert_eq!(
+        range_layout(&c)[..3],
+        [
+            (base, 14 * MIB, Backing::Mapped, BlockPhase::Free),
+            (base + 14 * MIB, 10 * MIB, Backing::Lent, BlockPhase::Free),
+            (base + 24 * MIB, 2 * MIB, Backing::Mapped, BlockPhase::Free),
+        ]
+    );
+    c.record_history(Some(usize::MAX));
+    assert_eq!(c.malloc(20 * MIB, S).unwrap(), base + 24 * MIB);
+    use TraceAction::{SegmentMap as Map, SegmentUnmap as Unmap};
+    let mut want: Vec<_> = (0..7).map(|i| (Unmap, 2 * i, 2)).collect();
+    want.extend([(Map, 26, 14), (Map, 40, 4)]);
+    assert_eq!(map_history(&c, base), want);
+    assert_eq!(c.stats().num_device_alloc, 6);
+    assert_eq!(c.stats().reserved_bytes.all.current, 20 * MIB as i64);
+    // The carved [0, 14) merged with the lent [14, 24).
+    assert_eq!(
+        range_layout(&c)[0],
+        (base, 24 * MIB, Backing::Lent, BlockPhase::Free)
+    );
+    check_aliasing(&c);
+}
+
+#[test]
+fn borrowing_takes_the_streams_largest_free_pages_first_and_never_touches_other_streams_or_pools() {
+    // Rule 22f.
+    let mut c = aliasing_core(1 << 36);
+    let base = SIM_BASE_ADDRESS;
+    let x: Vec<u64> = [4, 4, 6, 2]
+        .iter()
+        .map(|&mb| c.malloc(mb * MIB, S).unwrap())
+        .collect();
+    // Stream 1's free 8 MiB and the small pool's free page: memory rule 20 would unmap.
+    let y = c.malloc(8 * MIB, StreamId(1)).unwrap();
+    let small = c.malloc(512, S).unwrap();
+    c.free(y).unwrap();
+    c.free(small).unwrap();
+    c.free(x[0]).unwrap();
+    c.free(x[2]).unwrap();
+    assert_eq!(c.stats().reserved_bytes.all.current, 26 * MIB as i64);
+    assert_eq!(c.stats().num_device_alloc, 6);
+    c.record_history(Some(usize::MAX));
+    // 20 MiB: W = 24 MiB + 512 B, w = 26 MiB (6 live + 20), limit = 26.65 MiB; 46 MiB would
+    // be reserved: borrow min(10, ⌈19.35 / 2⌉) = 10 pages, but stream 0's free blocks hold five:
+    // [8, 14) first (three pages), then [0, 4); then five new pages.
+    assert_eq!(c.malloc(20 * MIB, S).unwrap(), base + 16 * MIB);
+    use TraceAction::{SegmentMap as Map, SegmentUnmap as Unmap};
+    assert_eq!(
+        map_history(&c, base),
+        [
+            (Unmap, 8, 2),
+            (Unmap, 10, 2),
+            (Unmap, 12, 2),
+            (Map, 16, 6),
+            (Unmap, 0, 2),
+            (Unmap, 2, 2),
+            (Map, 22, 4),
+            (Map, 26, 10),
+        ]
+    );
+    assert_eq!(c.stats().num_device_alloc, 9);
+    assert_eq!(c.stats().num_device_free, 0);
+    assert_eq!(c.stats().reserved_bytes.all.current, 36 * MIB as i64);
+    assert_eq!(c.stats().reserved_bytes.small_pool.current, 2 * MIB as i64);
+    assert_eq!(c.backend().used(), 36 * MIB);
+    // Stream 1's block is still mapped and free.
+    assert!(c.segments().iter().any(|s| s.stream == StreamId(1)
+        && s.size == 8 * MIB
+        && s.blocks[0].state == BlockPhase::Free));
+    check_aliasing(&c);
+}
+
+#[test]
+fn empty_cache_unmaps_the_lent_blocks_then_the_free_pages_and_gives_every_byte_back() {
+    // Rule 22g.
+    let mut c = aliasing_core(1 << 36);
+    let base = SIM_BASE_ADDRESS;
+    example_pass(&mut c);
+    let a = c.malloc(10 * MIB, S).unwrap();
+    c.record_history(Some(usize::MAX));
+    let frees = c.stats().num_device_free;
+    c.empty_cache().unwrap();
+    // The lent [14, 24) is unmapped (one call, no history, no reserved change); then the free
+    // pages, in free-set order ([24, 26) before [10, 14)), whose memory goes back. A's pages
+    // stay.
+    assert_eq!(c.stats().num_device_free, frees + 3);
+    assert_eq!(
+        map_history(&c, base),
+        [
+            (TraceAction::SegmentUnmap, 24, 2),
+            (TraceAction::SegmentUnmap, 10, 4)
+        ]
+    );
+    assert_eq!(c.stats().reserved_bytes.all.current, 10 * MIB as i64);
+    assert_eq!(c.backend().used(), 10 * MIB);
+    assert_eq!(
+        range_layout(&c)[..2],
+        [
+            (base, 10 * MIB, Backing::Mapped, BlockPhase::Allocated),
+            (
+                base + 10 * MIB,
+                range_layout(&c)[1].1,
+                Backing::Unmapped,
+                BlockPhase::Free
+            ),
+        ]
+    );
+    check_aliasing(&c);
+    c.free(a).unwrap();
+    // With lent blocks again (a pass), and nothing live: every byte goes back.
+    example_pass(&mut c);
+    assert!(range_layout(&c).iter().any(|b| b.2 == Backing::Lent));
+    c.empty_cache().unwrap();
+    assert_eq!(c.backend().used(), 0);
+    assert_eq!(c.backend().page_count(), 0);
+    assert_eq!(c.backend().reservations().count(), 0);
+    assert_eq!(c.stats().reserved_bytes.all.current, 0);
+    assert!(c.segments().is_empty());
+    check_aliasing(&c);
+}
+
+#[test]
+fn a_fault_in_an_alias_changes_nothing_and_is_returned_at_once() {
+    // Rule 22f/h: an injected fault in the alias is a device error other than out-of-memory.
+    let mut c = aliasing_core(1 << 36);
+    let a = c.malloc(10 * MIB, S).unwrap();
+    let b = c.malloc(4 * MIB, S).unwrap();
+    c.free(a).unwrap();
+    let before = observed(&c);
+    c.backend_mut().inject(crate::Faults {
+        alloc_error: 1,
+        ..crate::Faults::default()
+    });
+    assert_eq!(
+        c.malloc(12 * MIB, S),
+        Err(Error::Backend(BackendError::Injected {
+            operation: "alias"
+        }))
+    );
+    assert_eq!(observed(&c), before);
+    check_aliasing(&c);
+    // The same request then goes through as in the example.
+    assert_eq!(c.malloc(12 * MIB, S).unwrap(), SIM_BASE_ADDRESS + 14 * MIB);
+    assert_eq!(c.stats().num_device_alloc, 4);
+    c.free(b).unwrap();
+    check_aliasing(&c);
+}
+
+#[test]
+fn an_alias_out_of_memory_fails_the_growth_and_rule_7_goes_on() {
+    // Rule 22f: a failed alias is a failed map step; rule 7d releases and retries.
+    let mut c = aliasing_core(1 << 36);
+    let a = c.malloc(10 * MIB, S).unwrap();
+    let _b = c.malloc(4 * MIB, S).unwrap();
+    c.free(a).unwrap();
+    c.backend_mut().fail_next_allocs(1);
+    // The release unmaps A's free pages; the retry, within the limit, maps six new ones.
+    assert_eq!(c.malloc(12 * MIB, S).unwrap(), SIM_BASE_ADDRESS + 14 * MIB);
+    assert_eq!(c.stats().num_alloc_retries, 1);
+    assert_eq!(c.stats().num_device_free, 1);
+    assert_eq!(c.stats().reserved_bytes.all.current, 16 * MIB as i64);
+    assert_eq!(c.backend().used(), 16 * MIB);
+    check_aliasing(&c);
+}
+
+#[test]
+fn without_a_reclaim_headroom_page_aliasing_never_acts() {
+    let settings = Settings::pytorch()
+        .apply("expandable_segments:True,expandable_page_mb:2,page_aliasing:True")
+        .unwrap();
+    let mut c = CachingCore::new(SimDevice::new(1 << 36), settings).unwrap();
+    assert!(c.pages.is_none());
+    example_pass(&mut c);
+    // C grew by six new pages; nothing is lent.
+    assert_eq!(c.stats().reserved_bytes.all.current, 26 * MIB as i64);
+    assert!(range_layout(&c).iter().all(|b| b.2 != Backing::Lent));
+}
+
+#[test]
+fn a_broken_page_table_is_a_typed_violation() {
+    let mut c = aliasing_core(1 << 36);
+    let base = SIM_BASE_ADDRESS;
+    example_pass(&mut c);
+    let a = c.malloc(10 * MIB, S).unwrap();
+    check_aliasing(&c);
+    // A busy count that drifts from the blocks over it.
+    let t = c.pages.as_mut().unwrap();
+    t.ranges.get_mut(&base).unwrap().busy[0] += 1;
+    assert_eq!(
+        c.check_invariants(),
+        Err(InvariantViolation::BusyCount {
+            address: base,
+            have: 2,
+            want: 1,
+        })
+    );
+    c.pages
+        .as_mut()
+        .unwrap()
+        .ranges
+        .get_mut(&base)
+        .unwrap()
+        .busy[0] -= 1;
+    // A page whose home the table puts elsewhere than the mapped slot that maps it.
+    let id = c.pages.as_ref().unwrap().ranges[&base].slots[0] as usize;
+    let info = c.pages.as_mut().unwrap().pages[id].as_mut().unwrap();
+    let home = info.home;
+    info.home = base + 14 * MIB;
+    assert_eq!(
+        c.check_invariants(),
+        Err(InvariantViolation::PageHomes {
+            page: id as u32,
+            homes: 1,
+            recorded: base + 14 * MIB,
+        })
+    );
+    c.pages.as_mut().unwrap().pages[id].as_mut().unwrap().home = home;
+    // A lent block missing from the lent sets.
+    let key = *c.lent[Pool::Large.index()].iter().next().unwrap();
+    c.lent[Pool::Large.index()].remove(&key);
+    assert_eq!(
+        c.check_invariants(),
+        Err(InvariantViolation::LentBlock {
+            address: base + 14 * MIB,
+            what: "in the wrong state or index",
+        })
+    );
+    c.lent[Pool::Large.index()].insert(key);
+    c.free(a).unwrap();
+    check_aliasing(&c);
+}
+
+#[test]
+fn random_runs_under_page_aliasing_keep_every_invariant_and_no_page_under_two_live_blocks() {
+    // Rule 22i on runs no example spells out: both checkers after every step.
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move |n: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % n
+    };
+    const SIZES: [u64; 10] = [
+        512,
+        4096,
+        MIB,
+        2 * MIB,
+        3 * MIB,
+        4 * MIB,
+        6 * MIB,
+        10 * MIB,
+        12 * MIB,
+        22 * MIB,
+    ];
+    let mut lent_steps = 0;
+    for run in 0..60 {
+        let capacity = [96 * MIB, 200 * MIB, 1 << 30][run % 3];
+        let mut c = aliasing_core(capacity);
+        let mut live: Vec<u64> = Vec::new();
+        for step in 0..250 {
+            let stream = StreamId(next(2));
+            match next(20) {
+                0..=9 => {
+                    if let Ok(a) = c.malloc(SIZES[next(SIZES.len() as u64) as usize], stream) {
+                        live.push(a);
+                    }
+                }
+                10..=15 if !live.is_empty() => {
+                    let a = live.swap_remove(next(live.len() as u64) as usize);
+                    c.free(a).unwrap();
+                }
+                16 if !live.is_empty() => {
+                    let a = live[next(live.len() as u64) as usize];
+                    c.record_stream(a, StreamId(5)).unwrap();
+                }
+                17 => c.backend_mut().complete_stream(StreamId(5)),
+                18 => c.empty_cache().unwrap(),
+                _ => c.backend_mut().fail_next_allocs(1),
+            }
+            check_aliasing(&c);
+            if range_layout(&c).iter().any(|b| b.2 == Backing::Lent) {
+                lent_steps += 1;
+            }
+            let _ = step;
+        }
+        for a in live.drain(..) {
+            c.free(a).unwrap();
+        }
+        c.backend_mut().complete_stream(StreamId(5));
+        c.empty_cache().unwrap();
+        assert_eq!(c.backend().used(), 0, "run {run}");
+        check_aliasing(&c);
+    }
+    // The runs do lend pages: a good share of the steps have lent blocks.
+    assert!(
+        lent_steps > 60 * 250 / 20,
+        "{lent_steps} steps with lent blocks"
+    );
 }

@@ -89,6 +89,16 @@ impl Settings {
                 self.thread_cache_blocks
             ));
         }
+        // Rule 22: page aliasing needs expandable segments. Without them the string gives
+        // `false` whatever it says (turning expandable segments off turns the aliasing it
+        // inherited off; asking for it is refused), so it is named only with them.
+        if self.expandable_segments && self.page_aliasing != d.page_aliasing {
+            parts.push(format!(
+                "{}:{}",
+                Key::PageAliasing.name(),
+                bool_word(self.page_aliasing)
+            ));
+        }
         parts.join(",")
     }
 }

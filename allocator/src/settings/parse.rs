@@ -24,6 +24,9 @@ impl Settings {
         if cursor.peek().is_none() {
             return Ok(out);
         }
+        // Whether the string itself asks for `page_aliasing:True` (its last occurrence), which
+        // needs expandable segments (rule 22), checked once the whole string is applied.
+        let mut asks_aliasing = false;
         loop {
             let Some(name) = cursor.word() else {
                 let reason = if cursor.peek().is_none() {
@@ -44,8 +47,11 @@ impl Settings {
                 ));
             }
             out.apply_value(key, &mut cursor)?;
+            if key == Key::PageAliasing {
+                asks_aliasing = out.page_aliasing;
+            }
             match cursor.peek_tok() {
-                None => return Ok(out),
+                None => return out.finish(asks_aliasing),
                 Some(Tok::Comma) => cursor.advance(),
                 Some(_) => {
                     return Err(syntax(
@@ -56,6 +62,25 @@ impl Settings {
                 }
             }
         }
+    }
+
+    /// The checks between keys, once a whole string is applied: `page_aliasing` needs
+    /// `expandable_segments:True` (rule 22). A string that asks for it (`asked`) without
+    /// expandable segments is refused; one that turns expandable segments off without naming
+    /// it turns the aliasing it inherited off too.
+    fn finish(mut self, asked: bool) -> Result<Settings, SettingsError> {
+        if self.page_aliasing && !self.expandable_segments {
+            if asked {
+                return Err(invalid(
+                    Key::PageAliasing,
+                    "True",
+                    "page aliasing needs expandable_segments:True (it maps pages of expandable \
+                     segments' ranges a second time)",
+                ));
+            }
+            self.page_aliasing = false;
+        }
+        Ok(self)
     }
 
     /// Parses the value of `key` at the cursor into `self`.
@@ -78,6 +103,7 @@ impl Settings {
             }
             Key::RoundupDivisions => parse_divisions(cursor, &mut self.roundup_power2_divisions)?,
             Key::ExpandableSegments => self.expandable_segments = parse_bool(cursor, key)?,
+            Key::PageAliasing => self.page_aliasing = parse_bool(cursor, key)?,
             Key::MemoryFraction => {
                 let v = scalar(cursor, key)?;
                 let x = check_fraction(parse_f64(key, v)?).map_err(|r| invalid(key, v, r))?;
@@ -151,11 +177,12 @@ pub(super) enum Key {
     ThreadCacheBlocks,
     ExpandablePage,
     ReclaimHeadroom,
+    PageAliasing,
 }
 
 impl Key {
     /// Every key.
-    pub(super) const ALL: [Key; 14] = [
+    pub(super) const ALL: [Key; 15] = [
         Key::MaxSplitSize,
         Key::MaxNonSplitRounding,
         Key::GcThreshold,
@@ -170,6 +197,7 @@ impl Key {
         Key::ThreadCacheBlocks,
         Key::ExpandablePage,
         Key::ReclaimHeadroom,
+        Key::PageAliasing,
     ];
 
     /// The key as written in a configuration string.
@@ -189,6 +217,7 @@ impl Key {
             Key::ThreadCacheBlocks => "thread_cache_blocks",
             Key::ExpandablePage => "expandable_page_mb",
             Key::ReclaimHeadroom => "reclaim_headroom",
+            Key::PageAliasing => "page_aliasing",
         }
     }
 

@@ -73,7 +73,7 @@ fn pytorch_defaults_are_those_of_pytorch_2() {
 }
 
 #[test]
-fn cachalot_defaults_are_pytorchs_plus_thread_caches_expandable_2_mib_pages_and_reclaim() {
+fn cachalot_defaults_are_pytorchs_plus_thread_caches_expandable_2_mib_pages_reclaim_and_aliasing() {
     // Rule 21. Display compares the keys where the two defaults differ with cachalot's (parse
     // starts from cachalot's), every other key with PyTorch's.
     assert_eq!(Settings::default(), Settings::cachalot());
@@ -88,6 +88,7 @@ fn cachalot_defaults_are_pytorchs_plus_thread_caches_expandable_2_mib_pages_and_
         }
     );
     assert_eq!(Settings::pytorch().thread_cache_blocks, 0);
+    assert!(!Settings::pytorch().page_aliasing);
     assert_eq!(Settings::pytorch().expandable_page_size, 20 * MB);
     assert_eq!(Settings::pytorch().reclaim_headroom, None);
     assert_eq!(
@@ -127,6 +128,73 @@ fn reclaim_headroom_takes_a_fraction_or_off() {
             "{bad} accepted"
         );
     }
+}
+
+#[test]
+fn page_aliasing_is_read_as_a_boolean_over_expandable_segments() {
+    // Rule 22: off in cachalot's defaults and in PyTorch's, spelled True or False.
+    assert!(!parse("").page_aliasing);
+    assert!(parse("page_aliasing:True").page_aliasing);
+    assert!(!parse("page_aliasing:False").page_aliasing);
+    assert!(parse("page_aliasing:False,page_aliasing:True").page_aliasing);
+    let over_pytorch = |s: &str| Settings::pytorch().apply(s);
+    let s = over_pytorch("expandable_segments:True,page_aliasing:True").unwrap();
+    assert!(s.page_aliasing && s.expandable_segments);
+    // The check is made once the whole string is applied: the order of the keys is free.
+    assert_eq!(
+        over_pytorch("page_aliasing:True,expandable_segments:True"),
+        Ok(s)
+    );
+    for bad in ["true", "1", "on", "TRUE", ""] {
+        assert!(
+            Settings::parse(&format!("page_aliasing:{bad}")).is_err(),
+            "{bad} accepted"
+        );
+    }
+}
+
+#[test]
+fn page_aliasing_without_expandable_segments_is_refused() {
+    let reason = "page aliasing needs expandable_segments:True (it maps pages of expandable \
+                  segments' ranges a second time)";
+    for s in [
+        "expandable_segments:False,page_aliasing:True",
+        "page_aliasing:True,expandable_segments:False",
+        "page_aliasing:False,page_aliasing:True,expandable_segments:False",
+    ] {
+        assert_invalid(s, "page_aliasing", "True", reason);
+    }
+    // Over PyTorch's defaults expandable segments are off: asking for aliasing alone is refused.
+    assert_eq!(
+        Settings::pytorch().apply("page_aliasing:True").unwrap_err(),
+        SettingsError::InvalidValue {
+            key: "page_aliasing".into(),
+            value: "True".into(),
+            reason: reason.into(),
+        }
+    );
+    let e = err("expandable_segments:False,page_aliasing:True").to_string();
+    assert!(
+        e.contains("page_aliasing") && e.contains("expandable_segments:True"),
+        "{e}"
+    );
+}
+
+#[test]
+fn turning_expandable_segments_off_turns_the_aliasing_it_inherited_off() {
+    // cachalot's defaults have both on; a string that turns expandable segments off without
+    // naming page_aliasing gives settings without aliasing, not a refusal.
+    let s = parse("expandable_segments:False");
+    assert!(!s.expandable_segments && !s.page_aliasing);
+    assert_eq!(
+        parse("expandable_segments:False,page_aliasing:False"),
+        s.clone()
+    );
+    // Turned on again in the same string, the inherited value stands.
+    assert!(parse("expandable_segments:False,expandable_segments:True").page_aliasing);
+    // Applied over settings without expandable segments, nothing brings aliasing back.
+    assert!(!s.apply("max_split_size_mb:64").unwrap().page_aliasing);
+    assert!(!s.apply("expandable_segments:True").unwrap().page_aliasing);
 }
 
 #[test]
@@ -965,6 +1033,16 @@ fn hand_written_settings_display_canonically_and_parse_back() {
         ),
         ("expandable_segments:True", ""),
         ("expandable_segments:False", "expandable_segments:False"),
+        ("page_aliasing:True", ""),
+        ("page_aliasing:False", "page_aliasing:False"),
+        (
+            "page_aliasing:False,expandable_segments:False",
+            "expandable_segments:False",
+        ),
+        (
+            "expandable_page_mb:4,page_aliasing:False,reclaim_headroom:0.25",
+            "expandable_page_mb:4,reclaim_headroom:0.25,page_aliasing:False",
+        ),
         (
             "reclaim_headroom:0.10,expandable_page_mb:020",
             "expandable_page_mb:20,reclaim_headroom:0.1",
@@ -978,6 +1056,28 @@ fn hand_written_settings_display_canonically_and_parse_back() {
         assert_eq!(s.to_string(), canonical, "display of {input:?}");
         assert_eq!(parse(canonical), s, "parse of {canonical:?}");
     }
+}
+
+#[test]
+fn page_aliasing_is_printed_only_beside_expandable_segments() {
+    // Over PyTorch's defaults, cachalot's settings name every key of rule 21, aliasing last.
+    let own = Settings::cachalot().config_over(&Settings::pytorch());
+    assert_eq!(
+        own,
+        "expandable_segments:True,expandable_page_mb:2,reclaim_headroom:0.025,\
+         thread_cache_blocks:8,page_aliasing:True"
+    );
+    assert_eq!(Settings::pytorch().apply(&own), Ok(Settings::cachalot()));
+    // Settings made by hand with aliasing but without expandable segments (as a fallback to
+    // segments makes them) print what they act as: no aliasing, so the string still parses.
+    let fallback = Settings {
+        expandable_segments: false,
+        ..Settings::cachalot()
+    };
+    let shown = fallback.config_over(&Settings::pytorch());
+    assert!(!shown.contains("page_aliasing"), "{shown}");
+    let back = Settings::pytorch().apply(&shown).unwrap();
+    assert!(!back.page_aliasing && !back.expandable_segments);
 }
 
 #[test]
@@ -1005,6 +1105,7 @@ fn token_soup() -> impl Strategy<Value = String> {
         "backend",
         "native",
         "cudaMallocAsync",
+        "page_aliasing",
         "[",
         "]",
         ":",
@@ -1094,6 +1195,7 @@ fn config_string() -> impl Strategy<Value = String> {
         prop::sample::select(vec!["native", "cudaMallocAsync"])
             .prop_map(|b| format!("backend:{b}")),
         (0u64..1100).prop_map(|n| format!("thread_cache_blocks:{n}")),
+        bool_word().prop_map(|b| format!("page_aliasing:{b}")),
     ];
     prop::collection::vec(pair, 0..8).prop_map(|v| v.join(","))
 }
@@ -1128,9 +1230,10 @@ fn valid_settings() -> impl Strategy<Value = Settings> {
         ],
         (1u64..=512).prop_map(|n| n * 2 * MB),
         prop::option::of(0.0f64..=1.0),
+        any::<bool>(),
     )
         .prop_map(
-            |(msz, nsr, gc, table, exp, frac, backend, page, reclaim)| Settings {
+            |(msz, nsr, gc, table, exp, frac, backend, page, reclaim, alias)| Settings {
                 max_split_size: msz,
                 max_non_split_rounding_size: nsr,
                 garbage_collection_threshold: gc,
@@ -1141,6 +1244,8 @@ fn valid_settings() -> impl Strategy<Value = Settings> {
                 thread_cache_blocks: (msz % 4) as u32 * 7,
                 expandable_page_size: page,
                 reclaim_headroom: reclaim,
+                // The parser never gives aliasing without expandable segments (rule 22).
+                page_aliasing: alias && exp,
             },
         )
 }

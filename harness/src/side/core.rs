@@ -25,6 +25,7 @@ pub fn settings(knobs: &Knobs) -> Settings {
     s.expandable_segments = knobs.expandable_segments;
     s.expandable_page_size = knobs.expandable_page;
     s.reclaim_headroom = knobs.reclaim_headroom;
+    s.page_aliasing = knobs.page_aliasing;
     s
 }
 
@@ -49,7 +50,7 @@ impl Knobs {
             expandable_segments: settings.expandable_segments,
             expandable_page: settings.expandable_page_size,
             reclaim_headroom: settings.reclaim_headroom,
-            page_aliasing: false,
+            page_aliasing: settings.page_aliasing,
         };
         let back = self::settings(&knobs);
         if back != *settings {
@@ -293,8 +294,49 @@ impl Side for CoreSide {
     }
 
     fn check_invariants(&self) -> Result<(), String> {
-        self.core.check_invariants().map_err(|e| e.to_string())
+        self.core.check_invariants().map_err(|e| e.to_string())?;
+        distinct_pages_under_live_blocks(&self.core.segments(), self.core.backend())
     }
+}
+
+/// Rule 22i on the device's own page table: the pages mapped at the slots under the
+/// allocator's live (allocated or pending) blocks of expandable segments are pairwise distinct
+/// — no page lies under two live blocks, whatever addresses map it. (Live blocks within one
+/// slot share its page: each slot counts once.)
+pub(super) fn distinct_pages_under_live_blocks(
+    segments: &[SegmentInfo],
+    device: &SimDevice,
+) -> Result<(), String> {
+    let mut pages: Vec<(cachalot::PageId, u64, u64)> = Vec::new();
+    for s in segments.iter().filter(|s| s.expandable) {
+        for b in s.blocks.iter().filter(|b| b.state != BlockPhase::Free) {
+            let mut at = b.address;
+            while at < b.address + b.size {
+                let found = device
+                    .slot_at(at)
+                    .and_then(|(slot, page)| Some((slot, page, device.page_at(slot)?)));
+                let Some((slot, page, id)) = found else {
+                    return Err(format!(
+                        "rule 22i: live block {:#x} has nothing mapped at {at:#x}",
+                        b.address
+                    ));
+                };
+                pages.push((id, slot, b.address));
+                at = slot + page;
+            }
+        }
+    }
+    pages.sort_unstable();
+    pages.dedup_by_key(|&mut (id, slot, _)| (id, slot));
+    for w in pages.windows(2) {
+        if w[0].0 == w[1].0 {
+            return Err(format!(
+                "rule 22i: page {:?} lies under live blocks {:#x} and {:#x} (device page table)",
+                w[0].0, w[0].2, w[1].2
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -312,7 +354,38 @@ mod tests {
         assert!(knobs.expandable_segments);
         assert_eq!(knobs.expandable_page, 2 * MIB);
         assert_eq!(knobs.reclaim_headroom, Some(0.025));
+        assert!(knobs.page_aliasing);
         assert_eq!(settings(&knobs), own);
+    }
+
+    #[test]
+    fn page_aliasing_becomes_a_knob_and_is_drawn_only_where_it_can_act() {
+        let parsed = Settings::pytorch()
+            .apply("expandable_segments:True,reclaim_headroom:0.25,page_aliasing:True")
+            .unwrap();
+        let knobs = Knobs::from_settings(&parsed, 1 << 30).unwrap();
+        assert!(knobs.page_aliasing);
+        assert_eq!(settings(&knobs), parsed);
+        let mut drawn = [0u32; 2];
+        for seed in 0..2000u32 {
+            let bytes: Vec<u8> = (0..64u32)
+                .map(|i| (seed.wrapping_mul(2_654_435_761) ^ i.wrapping_mul(40_503)) as u8)
+                .collect();
+            let knobs = Knobs::arbitrary(&mut Unstructured::new(&bytes)).unwrap();
+            if knobs.page_aliasing {
+                assert!(knobs.expandable_segments && knobs.reclaim_headroom.is_some());
+            }
+            if knobs.expandable_segments && knobs.reclaim_headroom.is_some() {
+                drawn[usize::from(knobs.page_aliasing)] += 1;
+            }
+        }
+        assert!(drawn[0] > 0 && drawn[1] > 0, "{drawn:?}");
+        // Exhausted bytes draw no aliasing (the old behaviour).
+        assert!(
+            !Knobs::arbitrary(&mut Unstructured::new(&[]))
+                .unwrap()
+                .page_aliasing
+        );
     }
 
     #[test]

@@ -13,7 +13,9 @@ use std::thread::JoinHandle;
 
 use cachalot::{Allocator, SimDevice, StreamId};
 
-use super::core::{device, layout, outcome, settings, to_allocator};
+use super::core::{
+    device, distinct_pages_under_live_blocks, layout, outcome, settings, to_allocator,
+};
 use super::{Call, Observation, Outcome, Side, flatten_stats};
 use crate::op::THREADS;
 use crate::scenario::Knobs;
@@ -169,6 +171,9 @@ impl Side for ThreadedSide {
     }
 
     fn check_invariants(&self) -> Result<(), String> {
-        self.alloc.check_invariants().map_err(|e| e.to_string())
+        self.alloc.check_invariants().map_err(|e| e.to_string())?;
+        let segments = self.alloc.segments();
+        self.alloc
+            .with_backend(|d| distinct_pages_under_live_blocks(&segments, d))
     }
 }
