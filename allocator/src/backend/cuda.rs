@@ -369,10 +369,19 @@ impl Backend for CudaBackend {
     }
 
     /// Synchronises `stream` (the device, for a stream this backend does not know), then
-    /// `cuMemUnmap` and `cuMemRelease` per page. Refused without a driver call unless the span
+    /// `cuMemUnmap` per page, and `cuMemRelease` of each handle whose last mapping that was
+    /// (rule 22: a page mapped at several addresses stays until its last mapping goes). Refused without a driver call unless the span
     /// is whole, mapped pages of one reservation.
     fn unmap(&mut self, address: u64, size: u64, stream: StreamId) -> Result<(), BackendError> {
         self.vmm_unmap(address, size, stream)
+    }
+
+    /// Rule 22h: `cuMemMap` of the handles behind `source` at `address`, page by page, then
+    /// `cuMemSetAccess` over the span; no memory is created. Refused without a driver call
+    /// unless the target is whole unmapped pages and the source whole mapped pages, each of one
+    /// reservation, with the same page.
+    fn alias(&mut self, address: u64, source: u64, size: u64) -> Result<(), BackendError> {
+        self.vmm_alias(address, source, size)
     }
 }
 

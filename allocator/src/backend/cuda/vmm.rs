@@ -4,6 +4,9 @@
 //! [`release_reservation`](crate::backend::Backend::release_reservation): address space from
 //! `cuMemAddressReserve`, backed page by page with `cuMemCreate` + `cuMemMap`, made accessible
 //! with `cuMemSetAccess`, given back with `cuMemUnmap` + `cuMemRelease` and `cuMemAddressFree`.
+//! A page can be mapped at several addresses at once (rule 22, page aliasing:
+//! [`alias`](crate::backend::Backend::alias) maps the handle behind one address again at
+//! another); a handle is released when its last mapping is unmapped.
 //!
 //! The one rule: every address and size is checked against the reservations and pages
 //! recorded here before it reaches the driver; the driver sees only ranges it handed out, in
@@ -27,8 +30,11 @@ pub(super) struct Vmm {
     pub(super) granularity: Option<u64>,
     /// Live reservations by first address.
     reservations: std::collections::BTreeMap<u64, Reservation>,
-    /// Bytes mapped, over all reservations.
+    /// Physical bytes held: each live handle's page counted once, however many addresses map
+    /// it.
     mapped: u64,
+    /// How many addresses map each live handle (rule 22: one, or more when aliased).
+    mappings: std::collections::HashMap<sys::CUmemGenericAllocationHandle, u32>,
 }
 
 /// A mapped page: its address and the `cuMemCreate` handle behind it.
@@ -199,7 +205,8 @@ impl CudaBackend {
         self.vmm.reservations.len()
     }
 
-    /// The bytes of device memory mapped into those reservations.
+    /// The physical bytes of device memory mapped into those reservations (each page once,
+    /// however many addresses map it: rule 22).
     pub fn mapped_bytes(&self) -> u64 {
         self.vmm.mapped
     }
@@ -337,10 +344,92 @@ impl CudaBackend {
             unsafe { unmap_and_release(&made, page_bytes) };
             return Err(e);
         }
+        for &(_, handle) in &made {
+            self.vmm.mappings.insert(handle, 1);
+        }
         if let Some(r) = self.vmm.reservations.get_mut(&base) {
             r.pages.extend(made);
         }
         self.vmm.mapped += size;
+        Ok(())
+    }
+
+    /// Rule 22h: maps, at `size` bytes of unmapped whole pages at `address`, the handles mapped
+    /// at `source` (whole mapped pages of a reservation with the same page), with
+    /// `cuMemMap` per page and one `cuMemSetAccess`. No memory is created. All or nothing: on
+    /// failure the mappings made by this call are undone.
+    pub(super) fn vmm_alias(
+        &mut self,
+        address: u64,
+        source: u64,
+        size: u64,
+    ) -> Result<(), BackendError> {
+        let target = self
+            .vmm
+            .pages_of(address, size)
+            .filter(|(_, _, pages)| pages.is_empty());
+        let from = self
+            .vmm
+            .pages_of(source, size)
+            .filter(|(_, page, pages)| pages.len() as u64 == size / page);
+        let (Some((base, page, _)), Some((_, source_page, handles))) = (target, from) else {
+            return Err(vmm_refused(
+                "cuMemMap",
+                address,
+                size,
+                "is not whole unmapped pages of one reservation, aliasing whole mapped pages of one reservation of this backend",
+            ));
+        };
+        if source_page != page {
+            return Err(vmm_refused(
+                "cuMemMap",
+                address,
+                size,
+                "has another page size than the pages it would alias",
+            ));
+        }
+        let page_bytes = page as usize;
+        self.bind()?;
+        let mut made: Vec<Page> = Vec::with_capacity(handles.len());
+        let mut failure = None;
+        for (i, &(_, handle)) in handles.iter().enumerate() {
+            let at = address + i as u64 * page;
+            // SAFETY: `handle` is a live handle of this backend (it is mapped at `source`, so
+            // not released), of exactly `page` bytes; `at` is a page-aligned, unmapped page of
+            // a reservation of this backend (checked against the bookkeeping above). Mapping a
+            // handle a second time is allowed by the driver and leaves the first mapping as
+            // it is.
+            if let Err(e) = unsafe { sys::cuMemMap(at, page_bytes, 0, handle, 0) }.result() {
+                failure = Some(device_error("cuMemMap", e));
+                break;
+            }
+            made.push((at, handle));
+        }
+        if failure.is_none() {
+            let access = read_write_for(self.ctx.ordinal());
+            // SAFETY: every page of [address, address + size) was just mapped (above);
+            // `access` is a live, fully initialised descriptor, and the count is 1.
+            if let Err(e) =
+                unsafe { sys::cuMemSetAccess(address, size as usize, &access, 1) }.result()
+            {
+                failure = Some(device_error("cuMemSetAccess", e));
+            }
+        }
+        if let Some(e) = failure {
+            for &(at, _) in &made {
+                // SAFETY: mapped by this call just now, never entered the bookkeeping, and
+                // nothing was handed out in it; the handle stays mapped at `source`, so it is
+                // not released.
+                let _ = unsafe { sys::cuMemUnmap(at, page_bytes) };
+            }
+            return Err(e);
+        }
+        for &(_, handle) in &made {
+            *self.vmm.mappings.entry(handle).or_insert(0) += 1;
+        }
+        if let Some(r) = self.vmm.reservations.get_mut(&base) {
+            r.pages.extend(made);
+        }
         Ok(())
     }
 
@@ -376,16 +465,27 @@ impl CudaBackend {
             }
         }
         for &(_, handle) in &pages {
-            // SAFETY: each handle came from cuMemCreate for one of these pages; its only
-            // mapping was removed above, and it leaves the bookkeeping below (released once).
-            let _ = unsafe { sys::cuMemRelease(handle) };
+            let left = match self.vmm.mappings.get_mut(&handle) {
+                Some(n) => {
+                    *n = n.saturating_sub(1);
+                    *n
+                }
+                None => 0,
+            };
+            if left == 0 {
+                self.vmm.mappings.remove(&handle);
+                // SAFETY: each handle came from cuMemCreate for one of these pages; its last
+                // mapping was removed above, and it leaves the bookkeeping here (released once),
+                // so its memory goes back to the device.
+                let _ = unsafe { sys::cuMemRelease(handle) };
+                self.vmm.mapped -= page;
+            }
         }
         if let Some(r) = self.vmm.reservations.get_mut(&base) {
             for (at, _) in &pages {
                 r.pages.remove(at);
             }
         }
-        self.vmm.mapped -= size;
         Ok(())
     }
 
@@ -410,13 +510,22 @@ impl CudaBackend {
     /// Unmaps and releases every page and gives back every reservation (the backend is
     /// dropped; the caller synchronised the context).
     pub(super) fn release_virtual_memory(&mut self) {
-        for (base, r) in std::mem::take(&mut self.vmm.reservations) {
-            let pages: Vec<_> = r.pages.into_iter().collect();
-            // SAFETY: every page is mapped with its handle by this backend and was drained
-            // from the bookkeeping (released once); the context was synchronised and no block
-            // can be in use (every user-held block keeps the allocator, and with it this
-            // backend, alive).
-            unsafe { unmap_and_release(&pages, r.page as usize) };
+        let reservations = std::mem::take(&mut self.vmm.reservations);
+        for r in reservations.values() {
+            for &at in r.pages.keys() {
+                // SAFETY: every page is mapped by this backend (its bookkeeping was drained
+                // above, so each mapping is unmapped once); the context was synchronised and
+                // no block can be in use (every user-held block keeps the allocator, and with
+                // it this backend, alive).
+                let _ = unsafe { sys::cuMemUnmap(at, r.page as usize) };
+            }
+        }
+        for (handle, _) in std::mem::take(&mut self.vmm.mappings) {
+            // SAFETY: each live handle once (drained from the bookkeeping), all its mappings
+            // unmapped above, so its memory goes back to the device.
+            let _ = unsafe { sys::cuMemRelease(handle) };
+        }
+        for (base, r) in reservations {
             // SAFETY: a reservation cuMemAddressReserve made, drained from the bookkeeping
             // (freed once), with nothing mapped in it any more.
             let _ = unsafe { sys::cuMemAddressFree(base, r.size as usize) };
