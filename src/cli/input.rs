@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use cachalot::Settings;
 use cachalot_tools::replay::{
     H200_MEMORY, Recorded, RecordedError, ReplayOptions, ReplayProgram, ReplayReport, SnapshotExt,
-    StartError, StartState, replay_ops_from,
+    StartError, StartState, private_segments, replay_ops_from,
 };
 use cachalot_tools::snapshot::{Figures, Snapshot, read_figures_for, read_snapshot};
 
@@ -142,11 +142,12 @@ pub fn load(path: &Path, device: Option<usize>) -> Result<Trace, CliError> {
     };
     let options = ReplayOptions::from_settings(snapshot.allocator_settings.as_ref());
     let start = snapshot.start_of(device);
-    let (program, conversion) = replay_ops_from(
-        trace,
-        &options,
-        start.as_ref().unwrap_or(&StartState::default()),
-    );
+    let unknown = StartState {
+        private_segments: private_segments(&snapshot.segments, device),
+        ..StartState::default()
+    };
+    let (program, conversion) =
+        replay_ops_from(trace, &options, start.as_ref().unwrap_or(&unknown));
     let side = sidecar(path);
     let figures = if side.is_file() {
         match read_figures_for(&side, device) {

@@ -132,8 +132,8 @@ impl<'p> Stepper<'p> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::replay::program::ReplayOp;
     use crate::replay::engine::{ReplayConfig, replay};
+    use crate::replay::program::ReplayOp;
 
     fn program() -> ReplayProgram {
         let mut ops = Vec::new();
