@@ -153,3 +153,32 @@ fn wrapped_rings_with_frames_replay_to_pytorchs_window_and_dump() {
         );
     }
 }
+
+#[test]
+fn the_fraction_a_program_set_is_found_from_its_trace() {
+    use cachalot_tools::find_fraction::find_cap;
+    let name = "resnet50_fraction";
+    let snapshot = read_snapshot(&user(name)).unwrap();
+    let side = sidecar(name);
+    let figures = read_figures_for(
+        &fixtures_root().join("user").join(format!("{name}.json")),
+        0,
+    )
+    .unwrap();
+    let options = ReplayOptions::from_settings(snapshot.allocator_settings.as_ref());
+    let start = snapshot.start_of(0).unwrap();
+    let (program, _) = replay_ops_from(&snapshot.traces[0], &options, &start);
+    let cfg = config(&snapshot, None, figures.device_total_memory);
+    let found = find_cap(&program, &snapshot, 0, &cfg).expect("a cap reproduces the trace");
+    let set = side["memory_fraction_bytes"].as_u64().unwrap();
+    eprintln!("found {found:?}, the program set {set}");
+    assert_eq!(found.device_frees, 32);
+    assert!(found.cap_bytes <= set, "{found:?} > {set}");
+    // Under the cap found, the replay is PyTorch's to the byte.
+    let mut at = config(&snapshot, None, figures.device_total_memory);
+    at.settings.per_process_memory_fraction =
+        Some(found.cap_bytes as f64 / figures.device_total_memory as f64);
+    let out = replay(&program, &at).unwrap();
+    assert_eq!(out.peak_reserved_bytes, figures.max_memory_reserved);
+    assert_eq!(out.peak_allocated_bytes, figures.max_memory_allocated);
+}
