@@ -176,3 +176,32 @@ fn every_new_snapshot_is_read_and_replayed() {
         );
     }
 }
+
+#[test]
+fn a_replays_snapshot_puts_private_pools_blocks_back_in_their_pools() {
+    let path = fixtures_root()
+        .join("user")
+        .join("cuda_graph_mlp.pickle.gz");
+    let out_path =
+        std::env::temp_dir().join(format!("cachalot-every-{}-g.pickle", std::process::id()));
+    let out = cachalot(&[
+        "replay",
+        path.to_str().unwrap(),
+        "--pytorch",
+        "--snapshot-out",
+        out_path.to_str().unwrap(),
+    ]);
+    assert!(out.status.success());
+    let ours = cachalot_tools::snapshot::read_snapshot(&out_path).unwrap();
+    let theirs = cachalot_tools::snapshot::read_snapshot(&path).unwrap();
+    let key = |s: &cachalot_tools::snapshot::Snapshot| {
+        let mut v: Vec<_> = s
+            .segments
+            .iter()
+            .map(|s| (s.address, s.stream, s.pool_id))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(key(&ours), key(&theirs));
+}

@@ -53,7 +53,7 @@ fn config(snapshot: &Snapshot, path: &Path) -> ReplayConfig {
 }
 
 /// Cuts `path`'s trace of `device` at `cuts` points; returns the failures.
-fn check_cuts(path: &PathBuf, device: usize, cuts: usize) -> Vec<String> {
+fn check_cuts(path: &Path, device: usize, cuts: usize) -> Vec<String> {
     let snapshot = read_snapshot(path).unwrap();
     let options = ReplayOptions::from_settings(snapshot.allocator_settings.as_ref());
     let n = snapshot.traces[device].entries.len();

@@ -11,9 +11,10 @@ use std::path::{Path, PathBuf};
 use cachalot::Settings;
 use cachalot_tools::export::snapshot_of;
 use cachalot_tools::find_fraction::{find_cap, trace_device_frees};
+use cachalot_tools::replay::recorded_stream;
 use cachalot_tools::replay::{ReplayConfig, ReplayOutcome, StartMode, replay_with_progress};
 use cachalot_tools::selfcheck::{SelfCheck, check_final_state};
-use cachalot_tools::snapshot::{Figures, write_snapshot};
+use cachalot_tools::snapshot::{Figures, Snapshot, write_snapshot};
 use cachalot_tools::units::{grouped, human};
 use clap::ValueEnum;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -180,12 +181,13 @@ pub fn run(args: &ReplayArgs) -> Result<(), CliError> {
         plot::timeline(path, &run.outcome.timeline, &title)?;
     }
     if let Some(path) = &args.snapshot_out {
-        let snapshot = snapshot_of(
+        let mut snapshot = snapshot_of(
             &run.outcome.final_layout,
             &run.outcome.history,
             &config.settings,
             trace.device,
         );
+        recorded_streams(&mut snapshot, &trace.snapshot, trace.device);
         write_snapshot_file(path, &snapshot)?;
     }
     let text = if args.json {
@@ -196,6 +198,29 @@ pub fn run(args: &ReplayArgs) -> Result<(), CliError> {
     };
     println!("{text}");
     Ok(())
+}
+
+/// Puts the streams a replay used for private pools' blocks ([`cachalot_tools::replay::private_stream`]) back to the
+/// recorded streams, and those segments back in the private pools the dump `recorded` names.
+fn recorded_streams(snapshot: &mut Snapshot, recorded: &Snapshot, device: usize) {
+    let mut pools: Vec<(u64, u64)> = recorded
+        .segments
+        .iter()
+        .filter(|s| s.device == device && s.pool_id != (0, 0))
+        .map(|s| s.pool_id)
+        .collect();
+    pools.sort_unstable();
+    pools.dedup();
+    for s in &mut snapshot.segments {
+        let (stream, pool) = recorded_stream(s.stream);
+        s.stream = stream;
+        if let Some(p) = pool {
+            s.pool_id = pools.get(p).copied().unwrap_or((0, p as u64 + 1));
+        }
+    }
+    for e in snapshot.traces.iter_mut().flat_map(|t| &mut t.entries) {
+        e.stream = recorded_stream(e.stream).0;
+    }
 }
 
 /// What a replay of `trace` under `settings` starts from: the state PyTorch held, block for
