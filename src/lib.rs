@@ -16,6 +16,7 @@ extern crate self as cachalot_tools;
 mod cli;
 pub mod explain;
 pub mod export;
+pub mod find_fraction;
 pub mod fit;
 pub mod ops;
 pub mod replay;

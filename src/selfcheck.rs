@@ -13,6 +13,8 @@ use serde::Serialize;
 
 use cachalot::snapshot::{BlockStatus, SegmentState, SegmentType, Snapshot};
 
+use crate::replay::recorded_stream;
+
 /// The outcome of comparing a replay's final layout with the dump.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct SelfCheck {
@@ -56,17 +58,26 @@ pub fn check_final_state(layout: &[SegmentInfo], snapshot: &Snapshot, device: us
                     Pool::Small => SegmentType::Small,
                     Pool::Large => SegmentType::Large,
                 };
-                if d.total_size != o.size || d.stream != o.stream.0 || d.segment_type != pool {
+                // A private pool's blocks are replayed on a stream of their own.
+                let (stream, private) = recorded_stream(o.stream.0);
+                let kind = |private: bool| if private { ", a private pool" } else { "" };
+                if d.total_size != o.size
+                    || d.stream != stream
+                    || d.segment_type != pool
+                    || (d.pool_id != (0, 0)) != private.is_some()
+                {
                     note(format!(
-                        "segment {:#x}: PyTorch {} bytes on stream {} ({}), replay {} bytes on \
-                         stream {} ({})",
+                        "segment {:#x}: PyTorch {} bytes on stream {} ({}{}), replay {} bytes on \
+                         stream {} ({}{})",
                         d.address,
                         d.total_size,
                         d.stream,
                         d.segment_type.as_str(),
+                        kind(d.pool_id != (0, 0)),
                         o.size,
-                        o.stream.0,
-                        pool.as_str()
+                        stream,
+                        pool.as_str(),
+                        kind(private.is_some())
                     ));
                 } else if let Some(diff) = block_difference(d, o) {
                     note(diff);

@@ -211,6 +211,7 @@ fn hand_built() -> Snapshot {
             stream: 0,
             segment_type: SegmentType::Small,
             is_expandable: false,
+            pool_id: (0, 0),
             stack: a,
             blocks: vec![
                 BlockState {

@@ -45,6 +45,7 @@ fn tiny() -> Snapshot {
                 stream: 0,
                 segment_type: SegmentType::Large,
                 is_expandable: false,
+                pool_id: (0, 0),
                 stack: StackId::EMPTY,
                 blocks: vec![
                     BlockState {
@@ -80,6 +81,7 @@ fn tiny() -> Snapshot {
                 stream: 94_000_000_123,
                 segment_type: SegmentType::Small,
                 is_expandable: true,
+                pool_id: (0, 0),
                 stack: StackId::EMPTY,
                 blocks: vec![BlockState {
                     address: base + (1 << 40),

@@ -27,11 +27,19 @@ fn user(name: &str) -> PathBuf {
         .join(format!("{name}.pickle.gz"))
 }
 
-const USER: [&str; 4] = [
+const USER: [&str; 10] = [
     "gpt2_train_frames",
     "resnet50_warm",
     "unet_wrapped",
     "two_devices",
+    // Issue 23: wrapped rings with frames (fp16 / bf16 autocast), private pools, a memory
+    // fraction under a garbage-collection threshold (the sidecar says the fraction).
+    "diffusion_wrapped",
+    "diffusion_multires_wrapped",
+    "gpt2_bf16_wrapped",
+    "cuda_graph_mlp",
+    "compile_reduce_overhead",
+    "resnet50_fraction",
 ];
 
 fn sidecar(name: &str) -> serde_json::Value {
@@ -96,7 +104,10 @@ fn every_user_snapshot_replays_to_pytorchs_peaks_and_ends_in_its_dump() {
                 conversion.unmatched_frees, 0,
                 "{name}/{d}: every free is matched"
             );
-            let out = replay(&program, &config(&snapshot, true)).unwrap();
+            let mut cfg = config(&snapshot, true);
+            cfg.settings.per_process_memory_fraction = figures.memory_fraction;
+            cfg.capacity = figures.device_total_memory;
+            let out = replay(&program, &cfg).unwrap();
 
             // The final state is PyTorch's dump, block for block.
             let check = check_final_state(&out.final_layout, &snapshot, d);
@@ -179,10 +190,13 @@ fn every_user_snapshot_replays_to_pytorchs_peaks_and_ends_in_its_dump() {
         }
     }
     assert_eq!(
-        devices_checked, 5,
-        "four snapshots, one of them on two devices"
+        devices_checked, 11,
+        "ten snapshots, one of them on two devices"
     );
-    assert_eq!(mid_run, 2, "the warm-up and the wrapped ring began mid-run");
+    assert_eq!(
+        mid_run, 5,
+        "the warm-up and the four wrapped rings began mid-run"
+    );
 }
 
 #[test]

@@ -46,6 +46,10 @@ pub struct CompareArgs {
     /// Passes over each trace (passes after the first measure steady-state speed).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub repeat: u32,
+    /// The memory fraction the programs set (torch.cuda.set_per_process_memory_fraction), in
+    /// force in every column.
+    #[arg(long, value_name = "F", value_parser = super::replay::parse_fraction)]
+    pub memory_fraction: Option<f64>,
 }
 
 /// The baseline column's label.
@@ -124,7 +128,8 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
     let labels: Vec<String> = cols.iter().map(|c| c.label.clone()).collect();
     let mut rows = Vec::new();
     for path in &args.traces {
-        let trace = input::load(path, None)?;
+        let mut trace = input::load(path, None)?;
+        trace.fraction = args.memory_fraction;
         let mut results = Vec::new();
         for c in &cols {
             let settings = trace.settings(c.pytorch, c.recorded, c.config.as_deref())?;

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use cachalot::Settings;
 use cachalot_tools::replay::{
     H200_MEMORY, Recorded, RecordedError, ReplayOptions, ReplayProgram, ReplayReport, SnapshotExt,
-    StartError, StartState, replay_ops_from,
+    StartError, StartState, private_segments, replay_ops_from,
 };
 use cachalot_tools::snapshot::{Figures, Snapshot, read_figures_for, read_snapshot};
 
@@ -31,6 +31,12 @@ pub struct Trace {
     pub start: Result<StartState, StartError>,
     /// PyTorch's own figures, from NAME.json beside the snapshot.
     pub figures: Option<Figures>,
+    /// The memory fraction the program set, as given on the command line
+    /// (`--memory-fraction`); it wins over the sidecar's.
+    pub fraction: Option<f64>,
+    /// Set when the trace fits other allocator settings than the recorded ones (settings
+    /// changed at run time): what the report says about it.
+    pub settings_hint: Option<String>,
 }
 
 impl Trace {
@@ -40,8 +46,13 @@ impl Trace {
     }
 
     /// What the snapshot and its sidecar say about the settings the trace was recorded under.
+    /// A memory fraction given on the command line is the recorded program's.
     pub fn recorded(&self) -> Recorded<'_> {
-        Recorded::of(&self.snapshot, self.figures.as_ref())
+        let mut recorded = Recorded::of(&self.snapshot, self.figures.as_ref());
+        if self.fraction.is_some() {
+            recorded.memory_fraction = self.fraction;
+        }
+        recorded
     }
 
     /// The device memory to simulate: `explicit`, else the recording GPU's, else an H200's.
@@ -142,11 +153,42 @@ pub fn load(path: &Path, device: Option<usize>) -> Result<Trace, CliError> {
     };
     let options = ReplayOptions::from_settings(snapshot.allocator_settings.as_ref());
     let start = snapshot.start_of(device);
-    let (program, conversion) = replay_ops_from(
-        trace,
-        &options,
-        start.as_ref().unwrap_or(&StartState::default()),
-    );
+    let unknown = StartState {
+        private_segments: private_segments(&snapshot.segments, device),
+        ..StartState::default()
+    };
+    let (program, conversion) =
+        replay_ops_from(trace, &options, start.as_ref().unwrap_or(&unknown));
+    // Settings changed at run time (torch.cuda.memory._set_allocator_settings): the recorded
+    // ones are the last in force, and the walk, which rounds freed blocks by them, fails where
+    // PyTorch's defaults' rounding does not.
+    let settings_hint = match &start {
+        Err(e)
+            if snapshot
+                .allocator_settings
+                .as_ref()
+                .is_some_and(|s| s.divisions() != [0; 16]) =>
+        {
+            let mut plain = snapshot.clone();
+            if let Some(s) = plain.allocator_settings.as_mut() {
+                s.roundup_power2_divisions = Default::default();
+            }
+            plain.start_of(device).is_ok().then(|| {
+                format!(
+                    "settings changed at run time: the trace's blocks fit PyTorch's default \
+                     rounding, not the recorded roundup_power2_divisions (\"{}\", the settings \
+                     in force at the dump), which the walk back to the start failed under ({e}) \
+                     — was torch.cuda.memory._set_allocator_settings called?",
+                    snapshot
+                        .allocator_settings
+                        .as_ref()
+                        .map(|s| s.alloc_conf.as_str())
+                        .unwrap_or("")
+                )
+            })
+        }
+        _ => None,
+    };
     let side = sidecar(path);
     let figures = if side.is_file() {
         match read_figures_for(&side, device) {
@@ -167,6 +209,8 @@ pub fn load(path: &Path, device: Option<usize>) -> Result<Trace, CliError> {
         conversion,
         start,
         figures,
+        fraction: None,
+        settings_hint,
     })
 }
 

@@ -10,9 +10,11 @@ use std::path::{Path, PathBuf};
 
 use cachalot::Settings;
 use cachalot_tools::export::snapshot_of;
+use cachalot_tools::find_fraction::{find_cap, trace_device_frees};
+use cachalot_tools::replay::recorded_stream;
 use cachalot_tools::replay::{ReplayConfig, ReplayOutcome, StartMode, replay_with_progress};
 use cachalot_tools::selfcheck::{SelfCheck, check_final_state};
-use cachalot_tools::snapshot::{Figures, write_snapshot};
+use cachalot_tools::snapshot::{Figures, Snapshot, write_snapshot};
 use cachalot_tools::units::{grouped, human};
 use clap::ValueEnum;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -95,6 +97,12 @@ pub struct ReplayArgs {
     /// entries).
     #[arg(long, value_name = "N")]
     pub device: Option<usize>,
+    /// The memory fraction the program set with torch.cuda.set_per_process_memory_fraction(F)
+    /// (a call, so no snapshot records it): reserved bytes are capped at F × the device's
+    /// memory, the garbage collection threshold counts from that cap, and an allocation over
+    /// it releases the cache and retries, as in PyTorch.
+    #[arg(long, value_name = "F", value_parser = parse_fraction)]
+    pub memory_fraction: Option<f64>,
     /// The CUDA device to replay on with --backend cuda.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub gpu: usize,
@@ -110,12 +118,26 @@ pub struct ReplayArgs {
     pub ops_out: Option<PathBuf>,
 }
 
+/// A memory fraction: a number in [0, 1].
+pub fn parse_fraction(s: &str) -> Result<f64, String> {
+    let f: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number"))?;
+    if (0.0..=1.0).contains(&f) {
+        Ok(f)
+    } else {
+        Err(format!("{f} is not a memory fraction (between 0 and 1)"))
+    }
+}
+
 /// Replays with at least this many operations in all (passes included) show a progress bar.
 const PROGRESS_MIN_OPS: usize = 250_000;
 
 /// Runs `cachalot replay`.
 pub fn run(args: &ReplayArgs) -> Result<(), CliError> {
-    let trace = input::load(&args.trace, args.device)?;
+    let mut trace = input::load(&args.trace, args.device)?;
+    trace.fraction = args.memory_fraction;
     let settings = trace.settings(args.pytorch, args.pytorch, args.config.as_deref())?;
     let config = ReplayConfig {
         settings,
@@ -147,7 +169,8 @@ pub fn run(args: &ReplayArgs) -> Result<(), CliError> {
         ops::write(path, &trace, &config)?;
     }
     let run = execute(&trace, &config, args.backend, args.gpu)?;
-    let report = Report::new(&trace, &config, &run);
+    let mut report = Report::new(&trace, &config, &run);
+    report.look_for_a_fraction(&trace, &config);
     if let Some(path) = &args.plot {
         let title = format!(
             "{} ({}, {})",
@@ -158,12 +181,13 @@ pub fn run(args: &ReplayArgs) -> Result<(), CliError> {
         plot::timeline(path, &run.outcome.timeline, &title)?;
     }
     if let Some(path) = &args.snapshot_out {
-        let snapshot = snapshot_of(
+        let mut snapshot = snapshot_of(
             &run.outcome.final_layout,
             &run.outcome.history,
             &config.settings,
             trace.device,
         );
+        recorded_streams(&mut snapshot, &trace.snapshot, trace.device);
         write_snapshot_file(path, &snapshot)?;
     }
     let text = if args.json {
@@ -174,6 +198,29 @@ pub fn run(args: &ReplayArgs) -> Result<(), CliError> {
     };
     println!("{text}");
     Ok(())
+}
+
+/// Puts the streams a replay used for private pools' blocks ([`cachalot_tools::replay::private_stream`]) back to the
+/// recorded streams, and those segments back in the private pools the dump `recorded` names.
+fn recorded_streams(snapshot: &mut Snapshot, recorded: &Snapshot, device: usize) {
+    let mut pools: Vec<(u64, u64)> = recorded
+        .segments
+        .iter()
+        .filter(|s| s.device == device && s.pool_id != (0, 0))
+        .map(|s| s.pool_id)
+        .collect();
+    pools.sort_unstable();
+    pools.dedup();
+    for s in &mut snapshot.segments {
+        let (stream, pool) = recorded_stream(s.stream);
+        s.stream = stream;
+        if let Some(p) = pool {
+            s.pool_id = pools.get(p).copied().unwrap_or((0, p as u64 + 1));
+        }
+    }
+    for e in snapshot.traces.iter_mut().flat_map(|t| &mut t.entries) {
+        e.stream = recorded_stream(e.stream).0;
+    }
 }
 
 /// What a replay of `trace` under `settings` starts from: the state PyTorch held, block for
@@ -373,6 +420,10 @@ pub struct Report {
     pub start: StartReport,
     /// Does the replay end in the state PyTorch dumped?
     pub self_check: SelfCheckReport,
+    /// Segments the trace gives back that the replay does not, when there are such, and the
+    /// memory-fraction cap that reproduces them if one was searched and found.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unexplained_frees: Option<UnexplainedFrees>,
     /// PyTorch's own figures, when a sidecar was found.
     #[serde(flatten)]
     pub pytorch: Option<PytorchFigures>,
@@ -411,6 +462,27 @@ pub struct SelfCheckReport {
     /// The comparison itself.
     #[serde(flatten)]
     pub check: SelfCheck,
+    /// What in the trace or the dump the replay does not model, in a PyTorch user's words:
+    /// the likely causes of a difference (empty when nothing is known to be missing).
+    pub causes: Vec<String>,
+    /// Whether the state when recording began was rebuilt (or nothing was held).
+    pub start_rebuilt: bool,
+}
+
+/// Device frees in the trace that the replay does not make.
+#[derive(Debug, Serialize)]
+pub struct UnexplainedFrees {
+    /// `segment_free` / `segment_unmap` entries in the trace.
+    pub trace_frees: u64,
+    /// Segments the replay gave back.
+    pub replay_frees: u64,
+    /// The smallest memory-fraction cap (bytes) under which the replay gives back the same
+    /// segments and ends in the dump, when the search found one.
+    pub found_cap_bytes: Option<u64>,
+    /// That cap as a fraction of the device's memory (`--memory-fraction`).
+    pub found_fraction: Option<f64>,
+    /// The device memory the fraction is of.
+    pub device_total_bytes: u64,
 }
 
 /// PyTorch's figures for the recorded run, from the trace's NAME.json.
@@ -557,7 +629,10 @@ impl Report {
                 // which hands them out again, can end at them.
                 applies: config.start == StartMode::Exact && run.backend == BackendKind::Sim,
                 check: check_final_state(&out.final_layout, &trace.snapshot, trace.device),
+                causes: causes(trace, config, out),
+                start_rebuilt: trace.start.is_ok(),
             },
+            unexplained_frees: None,
             pytorch: trace.figures.as_ref().map(|f| PytorchFigures::new(f, out)),
         }
     }
@@ -704,6 +779,27 @@ impl Report {
         }
         line(String::new());
         line(format!("self-check {}", self.self_check.human()));
+        if let Some(u) = &self.unexplained_frees {
+            match (u.found_cap_bytes, u.found_fraction) {
+                (Some(cap), Some(f)) => line(format!(
+                    "fraction   found: the replay capped at {} ({} B; --memory-fraction {:.6} of \
+                     this {} device) gives back the trace's {} segments and ends in the dump \
+                     block for block: the program likely called \
+                     torch.cuda.set_per_process_memory_fraction with about that (the smallest \
+                     such cap)",
+                    human(cap),
+                    grouped(cap),
+                    f,
+                    human(u.device_total_bytes),
+                    u.trace_frees
+                )),
+                _ => line(format!(
+                    "fraction   no memory-fraction cap makes the replay give back the trace's {} \
+                     segments and end in the dump",
+                    u.trace_frees
+                )),
+            }
+        }
         if let Some(path) = plot {
             line(format!("plot       {}", path.display()));
         }
@@ -712,6 +808,102 @@ impl Report {
         }
         s.pop();
         s
+    }
+}
+
+/// What the replay of `trace` is known not to model, in a PyTorch user's words (see
+/// [`SelfCheckReport::causes`]).
+fn causes(trace: &Trace, config: &ReplayConfig, out: &ReplayOutcome) -> Vec<String> {
+    let mut causes = Vec::new();
+    let dump: Vec<_> = trace
+        .snapshot
+        .segments
+        .iter()
+        .filter(|s| s.device == trace.device)
+        .collect();
+    if let Err(e) = &trace.start {
+        causes.push(format!(
+            "the state when recording began was not rebuilt ({e}), so the replay started from \
+             an empty allocator and misses what the process held then"
+        ));
+    }
+    if let Some(hint) = &trace.settings_hint {
+        causes.push(hint.clone());
+    }
+    let private = dump.iter().filter(|s| s.pool_id != (0, 0)).count();
+    if private > 0 {
+        causes.push(format!(
+            "private pools: {private} dumped segments belong to CUDA graphs' or \
+             torch.cuda.MemPool's pools. Their blocks are replayed in pools of their own, but a \
+             private pool's segments freed before the dump (a MemPool deleted, a graph's pool \
+             released) are in no dump, so the replay takes their allocations for the default \
+             pools'; and empty_cache() while a graph lives keeps its pool in PyTorch"
+        ));
+    }
+    let trace_frees = trace_device_frees(&trace.snapshot, trace.device);
+    if trace_frees > out.device_frees && config.settings.per_process_memory_fraction.is_none() {
+        causes.push(format!(
+            "frees the replay cannot explain: the trace gives back {trace_frees} segments, the \
+             replay {} — PyTorch released cached memory with no empty_cache() and no \
+             out-of-memory the replay sees: a memory fraction set in the program \
+             (torch.cuda.set_per_process_memory_fraction{}) or torch.cuda.empty_cache() called \
+             by a library; give the fraction with --memory-fraction",
+            out.device_frees,
+            if config.settings.garbage_collection_threshold > 0.0 {
+                format!(
+                    ", whose cap makes garbage_collection_threshold:{} collect",
+                    config.settings.garbage_collection_threshold
+                )
+            } else {
+                String::new()
+            }
+        ));
+    }
+    if trace.start.as_ref().is_ok_and(|s| !s.is_fresh())
+        && config.settings.per_process_memory_fraction.is_some()
+        && config.settings.garbage_collection_threshold > 0.0
+    {
+        causes.push(
+            "a garbage collector that started mid-run: it frees the cached segments that waited \
+             longest, and how long those cached before recording began had waited is in no dump"
+                .to_string(),
+        );
+    }
+    if trace.start.as_ref().is_ok_and(|s| !s.is_fresh())
+        && config.settings.max_split_size != u64::MAX
+    {
+        causes.push(
+            "max_split_size_mb with a mid-run start: a tensor at least that large takes a whole \
+             cached block, whose size the trace does not say when it was allocated before \
+             recording began"
+                .to_string(),
+        );
+    }
+    causes
+}
+
+impl Report {
+    /// When the trace gives back segments that the replay does not and no memory fraction
+    /// is set, says so and searches the fraction that reproduces them ([`find_cap`]).
+    pub fn look_for_a_fraction(&mut self, trace: &Trace, config: &ReplayConfig) {
+        let trace_frees = trace_device_frees(&trace.snapshot, trace.device);
+        if trace_frees <= self.device_frees || config.settings.per_process_memory_fraction.is_some()
+        {
+            return;
+        }
+        let searchable = self.self_check.applies && !self.self_check.check.matches;
+        let found = searchable
+            .then(|| find_cap(&trace.program, &trace.snapshot, trace.device, config))
+            .flatten();
+        self.unexplained_frees = Some(UnexplainedFrees {
+            trace_frees,
+            replay_frees: self.device_frees,
+            found_cap_bytes: found.as_ref().map(|f| f.cap_bytes),
+            found_fraction: found
+                .as_ref()
+                .map(|f| f.cap_bytes as f64 / config.capacity.max(1) as f64),
+            device_total_bytes: config.capacity,
+        });
     }
 }
 
@@ -789,10 +981,28 @@ impl StartReport {
 impl SelfCheckReport {
     fn human(&self) -> String {
         let c = &self.check;
+        let why = if self.causes.is_empty() {
+            "no known cause (a policy difference: please report it)".to_string()
+        } else {
+            self.causes
+                .iter()
+                .map(|c| format!("\n             - {c}"))
+                .collect::<String>()
+        };
         if !self.applies {
+            let known = if self.causes.is_empty() {
+                String::new()
+            } else {
+                format!(" Besides:{why}")
+            };
+            let what = if self.start_rebuilt {
+                "these settings or this start are not the recorded ones"
+            } else {
+                "the replay could not start from the state PyTorch held when recording began"
+            };
             return format!(
-                "not applicable: these settings or this start are not the recorded ones, so the \
-                 replay ends elsewhere ({} segments; PyTorch's dump: {})",
+                "not applicable: {what}, so the replay ends elsewhere ({} segments; PyTorch's \
+                 dump: {}).{known}",
                 grouped(c.replay_segments as u64),
                 grouped(c.dump_segments as u64)
             );
@@ -806,7 +1016,8 @@ impl SelfCheckReport {
             )
         } else {
             format!(
-                "DIFFERS from PyTorch's dump ({} of {} segments equal): {}",
+                "DIFFERS from PyTorch's dump ({} of {} segments equal). Likely because:{why}\n           \
+                 first difference: {}",
                 grouped(c.equal_segments as u64),
                 grouped(c.dump_segments as u64),
                 c.first_difference.as_deref().unwrap_or("?")

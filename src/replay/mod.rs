@@ -35,9 +35,12 @@ pub use interpret::{
     Executed, Interpreter, ReplayTarget, StartFailure, is_side_stream, side_stream,
 };
 pub use program::{
-    InitialHandle, ReplayOp, ReplayOptions, ReplayProgram, ReplayReport, SnapshotExt, replay_ops,
-    replay_ops_from, replay_ops_with,
+    InitialHandle, ReplayOp, ReplayOptions, ReplayProgram, ReplayReport, SnapshotExt,
+    private_stream, recorded_stream, replay_ops, replay_ops_from, replay_ops_with,
 };
 pub use recorded::{Recorded, RecordedError};
-pub use start::{StartBlock, StartError, StartMode, StartSegment, StartState, reconstruct_start};
+pub use start::{
+    PrivateSegment, StartBlock, StartError, StartMode, StartSegment, StartState, private_segments,
+    reconstruct_start,
+};
 pub use step::Stepper;

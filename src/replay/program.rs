@@ -1,7 +1,7 @@
 //! Turning a device trace into a replay program: the operations a replayer runs, the trace's
 //! segment addresses, and the blocks live when recording began as the program's first handles.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use cachalot::snapshot::{
     Action, AllocatorSettings, BlockStatus, DeviceTrace, Snapshot, TraceEntry,
@@ -168,6 +168,35 @@ pub fn replay_ops(trace: &DeviceTrace) -> ReplayProgram {
     replay_ops_with(trace, &ReplayOptions::default()).0
 }
 
+/// The bit that marks a replay stream standing for a private pool's blocks on a recorded
+/// stream (see [`private_stream`]).
+const PRIVATE_STREAM_BIT: u64 = 1 << 62;
+/// The recorded stream's bits in a private pool's replay stream.
+const PRIVATE_STREAM_MASK: u64 = (1 << 48) - 1;
+
+/// The stream a replay allocates on for a request the trace served from private pool `pool`
+/// (its index among the dump's private pools, see
+/// [`private_segments`](super::private_segments)) on recorded stream `stream`. PyTorch keeps a
+/// private pool's blocks (a CUDA graph's, a `torch.cuda.MemPool`'s) apart from every other
+/// pool and reuses them only for requests made into that pool on the same stream; an
+/// allocator that keys its cached blocks by stream does exactly that when each (pool,
+/// stream) is a stream of its own. (Recorded streams are `cudaStream_t` pointers, below
+/// 2^48.)
+pub fn private_stream(pool: usize, stream: u64) -> u64 {
+    PRIVATE_STREAM_BIT | ((pool as u64 + 1) << 48) | (stream & PRIVATE_STREAM_MASK)
+}
+
+/// The recorded stream and private pool index behind a replay stream: `(stream, None)` for a
+/// stream of the default pools.
+pub fn recorded_stream(stream: u64) -> (u64, Option<usize>) {
+    if stream & PRIVATE_STREAM_BIT != 0 && stream & (1 << 63) == 0 {
+        let pool = ((stream >> 48) & 0x3fff) as usize;
+        (stream & PRIVATE_STREAM_MASK, Some(pool.saturating_sub(1)))
+    } else {
+        (stream, None)
+    }
+}
+
 const SMALL_SEGMENT: u64 = 2 << 20;
 const SMALL_REQUEST: u64 = 1 << 20;
 
@@ -253,6 +282,48 @@ pub fn replay_ops_from(
         id: usize,
         requested: bool,
     }
+    // Private pools (CUDA graphs, MemPool): the segments live at each point of the trace, by
+    // address, with their private pool if the dump names one. A segment is private when the
+    // dump holds a private segment at its address and size and the trace does not free it
+    // after making it (the dump's segment is that one).
+    let private: HashMap<u64, (u64, usize)> = start
+        .private_segments
+        .iter()
+        .map(|s| (s.address, (s.size, s.pool)))
+        .collect();
+    let mut last_alloc_of: HashMap<u64, usize> = HashMap::new();
+    let mut last_free_of: HashMap<u64, usize> = HashMap::new();
+    for (i, e) in entries.iter().enumerate() {
+        match e.action {
+            Action::SegmentAlloc => {
+                last_alloc_of.insert(e.addr, i);
+            }
+            Action::SegmentFree => {
+                last_free_of.insert(e.addr, i);
+            }
+            _ => {}
+        }
+    }
+    let mut segments: BTreeMap<u64, (u64, Option<usize>)> = BTreeMap::new();
+    let mut start = start.clone();
+    for s in &mut start.segments {
+        let pool = private
+            .get(&s.address)
+            .filter(|&&(size, _)| size == s.size && !last_alloc_of.contains_key(&s.address))
+            .map(|&(_, p)| p);
+        if let Some(p) = pool {
+            s.stream = private_stream(p, s.stream);
+        }
+        segments.insert(s.address, (s.size, pool));
+    }
+    let start = &start;
+    let pool_of = |segments: &BTreeMap<u64, (u64, Option<usize>)>, addr: u64| {
+        segments
+            .range(..=addr)
+            .next_back()
+            .filter(|&(&a, &(size, _))| addr < a + size)
+            .and_then(|(_, &(_, pool))| pool)
+    };
     let mut live: HashMap<u64, Live> = HashMap::new();
     let mut program = ReplayProgram {
         start: start.clone(),
@@ -290,6 +361,10 @@ pub fn replay_ops_from(
             Action::Alloc => {
                 let id = next_id;
                 next_id += 1;
+                let stream = match pool_of(&segments, e.addr) {
+                    Some(p) => private_stream(p, e.stream),
+                    None => e.stream,
+                };
                 if live
                     .insert(
                         e.addr,
@@ -308,7 +383,7 @@ pub fn replay_ops_from(
                 program.ops.push(ReplayOp::Alloc {
                     id,
                     size: e.size,
-                    stream: e.stream,
+                    stream,
                 });
                 program.op_entries.push(i);
                 report.allocs += 1;
@@ -340,6 +415,15 @@ pub fn replay_ops_from(
             Action::SegmentAlloc => {
                 program.segment_addresses.push(e.addr);
                 pending_segment = Some(e.addr);
+                let pool = private
+                    .get(&e.addr)
+                    .filter(|&&(size, _)| {
+                        size == e.size
+                            && last_alloc_of.get(&e.addr) == Some(&i)
+                            && last_free_of.get(&e.addr).is_none_or(|&f| f < i)
+                    })
+                    .map(|&(_, p)| p);
+                segments.insert(e.addr, (e.size, pool));
             }
             Action::SegmentMap => {
                 // The pool is the one of the allocation the map serves (the next `alloc` or
@@ -384,6 +468,8 @@ pub fn replay_ops_from(
                 {
                     if entries[end].action == Action::SegmentUnmap {
                         unmap_from_range(&mut ranges, &entries[end]);
+                    } else {
+                        segments.remove(&entries[end].addr);
                     }
                     end += 1;
                 }
@@ -506,7 +592,10 @@ impl SnapshotExt for Snapshot {
             .iter()
             .filter(|t| !t.entries.is_empty())
             .map(|t| {
-                let start = self.start_of(t.device).unwrap_or_default();
+                let start = self.start_of(t.device).unwrap_or_else(|_| StartState {
+                    private_segments: super::start::private_segments(&self.segments, t.device),
+                    ..StartState::default()
+                });
                 (t.device, replay_ops_from(t, &options, &start).0)
             })
             .collect()

@@ -23,7 +23,7 @@
 //! that names the entry: the trace did not come from this dump, from this PyTorch version, or
 //! from a policy the walk does not model.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use cachalot::sizes::{MAX_ALLOC_SIZE, SMALL_BUFFER, SMALL_SIZE, round_size};
 use cachalot::snapshot::{Action, BlockStatus, DeviceTrace, SegmentState, SegmentType};
@@ -81,6 +81,43 @@ pub struct StartSegment {
 pub struct StartState {
     /// The segments held then, by address; empty for a process recorded from its start.
     pub segments: Vec<StartSegment>,
+    /// The dump's segments of private pools (CUDA graphs', `torch.cuda.MemPool`'s), by
+    /// address: what the replay needs to put the trace's allocations in them into pools of
+    /// their own (see [`crate::replay::replay_ops_from`]).
+    pub private_segments: Vec<PrivateSegment>,
+}
+
+/// A segment of a private pool in the dump (`segment_pool_id` other than `(0, 0)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrivateSegment {
+    /// The segment's address.
+    pub address: u64,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Its pool's index among the device's private pools in the dump, in pool-id order.
+    pub pool: usize,
+}
+
+/// The dump's private-pool segments of `device`, with the pools numbered in id order.
+pub fn private_segments(segments: &[SegmentState], device: usize) -> Vec<PrivateSegment> {
+    let mut pools: Vec<(u64, u64)> = segments
+        .iter()
+        .filter(|s| s.device == device && s.pool_id != (0, 0))
+        .map(|s| s.pool_id)
+        .collect();
+    pools.sort_unstable();
+    pools.dedup();
+    let mut out: Vec<PrivateSegment> = segments
+        .iter()
+        .filter(|s| s.device == device && s.pool_id != (0, 0))
+        .map(|s| PrivateSegment {
+            address: s.address,
+            size: s.total_size,
+            pool: pools.binary_search(&s.pool_id).unwrap_or(0),
+        })
+        .collect();
+    out.sort_by_key(|s| s.address);
+    out
 }
 
 impl StartState {
@@ -129,6 +166,9 @@ struct Seg {
     pool: SegmentType,
     /// Blocks by address: (size, requested, state).
     blocks: BTreeMap<u64, (u64, u64, BlockStatus)>,
+    /// The addresses of blocks whose size the walk inferred (carved back out at an undone
+    /// `free_completed`) rather than read off the dump.
+    inferred: BTreeSet<u64>,
 }
 
 /// Reconstructs the state at the first entry of `trace` from the dumped `segments` (all
@@ -174,6 +214,7 @@ pub fn reconstruct_start(
                 stream: s.stream,
                 pool: s.segment_type,
                 blocks,
+                inferred: BTreeSet::new(),
             },
         );
     }
@@ -230,6 +271,7 @@ pub fn reconstruct_start(
                         stream: e.stream,
                         pool,
                         blocks,
+                        inferred: BTreeSet::new(),
                     },
                 );
             }
@@ -292,13 +334,46 @@ pub fn reconstruct_start(
                     SegmentType::Large if remainder <= SMALL_SIZE => rest,
                     SegmentType::Large => rounded,
                 };
+                // What lies before the block in its free block. In the large pool a free block
+                // is larger than 1 MiB (rule 13 splits off only more than that; merging only
+                // grows blocks), so a front part of at most 1 MiB was no free block: it is the
+                // unsplit remainder of the block before it, a block whose free the walk undid
+                // earlier (it was freed later) with its size inferred from its request alone.
+                let front = e.addr - fs;
+                let mut front_free = front > 0;
+                if seg.pool == SegmentType::Large && front > 0 && front <= SMALL_SIZE {
+                    let before = seg
+                        .blocks
+                        .range(..fs)
+                        .next_back()
+                        .map(|(&a, &(size, _, state))| (a, size, state));
+                    match before {
+                        Some((a, size, state))
+                            if a + size == fs
+                                && state != BlockStatus::Inactive
+                                && seg.inferred.contains(&a) =>
+                        {
+                            if let Some(b) = seg.blocks.get_mut(&a) {
+                                b.0 += front;
+                            }
+                            front_free = false;
+                        }
+                        _ => {
+                            return Err(fail(format!(
+                                "a {rounded}-byte block at {:#x} would leave a free block of \
+                                 {front} bytes before it in a large-pool segment",
+                                e.addr
+                            )));
+                        }
+                    }
+                }
                 seg.blocks.remove(&fs);
-                if fs < e.addr {
-                    seg.blocks
-                        .insert(fs, (e.addr - fs, 0, BlockStatus::Inactive));
+                if front_free {
+                    seg.blocks.insert(fs, (front, 0, BlockStatus::Inactive));
                 }
                 seg.blocks
                     .insert(e.addr, (size, e.size, BlockStatus::ActivePendingFree));
+                seg.inferred.insert(e.addr);
                 if e.addr + size < fe {
                     seg.blocks.insert(
                         e.addr + size,
@@ -315,6 +390,7 @@ pub fn reconstruct_start(
         }
     }
     Ok(StartState {
+        private_segments: private_segments(segments, trace.device),
         segments: state
             .into_iter()
             .map(|(address, s)| StartSegment {
@@ -347,6 +423,7 @@ fn set_free_and_merge(seg: &mut Seg, addr: u64) {
     let Some((block_size, _, _)) = seg.blocks.remove(&addr) else {
         return;
     };
+    seg.inferred.remove(&addr);
     let end = addr + block_size;
     let mut start = addr;
     let mut size = block_size;
@@ -399,7 +476,10 @@ fn expandable_start(
         _ => false,
     });
     if dumped == during && !freed_unmade {
-        return Ok(StartState::default());
+        return Ok(StartState {
+            private_segments: private_segments(segments, trace.device),
+            ..StartState::default()
+        });
     }
     Err(StartError {
         entry: trace.entries.len(),
@@ -451,6 +531,7 @@ mod tests {
                 SegmentType::Large
             },
             is_expandable: false,
+            pool_id: (0, 0),
             stack: StackId::EMPTY,
             blocks: blocks
                 .iter()
@@ -558,6 +639,48 @@ mod tests {
         assert_eq!(
             (b.size, b.state),
             (5 * MIB + MIB / 2, BlockStatus::ActivePendingFree)
+        );
+    }
+
+    #[test]
+    fn an_unsplit_remainder_before_a_block_freed_earlier_belongs_to_the_block_before() {
+        // Before recording: [A 12 MiB][B 6 MiB + 768 KiB][C 1.25 MiB]: B was served
+        // from a free block 768 KiB larger than it needed (rule 13 left the rest unsplit).
+        // The trace frees C, then B, then A. Walking back, B's free is undone before C's,
+        // with B's size inferred from its request (6 MiB); C's then shows that the 768 KiB
+        // before it, no free block of the large pool, were B's.
+        let base = 0x7000_0000;
+        let (b, c) = (base + 12 * MIB, base + 18 * MIB + 768 * 1024);
+        let trace = DeviceTrace {
+            device: 0,
+            entries: vec![
+                entry(Action::FreeRequested, c, 5 * MIB / 4),
+                entry(Action::FreeCompleted, c, 5 * MIB / 4),
+                entry(Action::FreeRequested, b, 6 * MIB),
+                entry(Action::FreeCompleted, b, 6 * MIB),
+                entry(Action::FreeRequested, base, 12 * MIB),
+                entry(Action::FreeCompleted, base, 12 * MIB),
+            ],
+        };
+        let dump = [segment(
+            base,
+            20 * MIB,
+            &[(20 * MIB, 0, BlockStatus::Inactive)],
+        )];
+        let start = reconstruct_start(&trace, &dump, &[0; 16]).unwrap();
+        let sizes: Vec<_> = start.segments[0]
+            .blocks
+            .iter()
+            .map(|b| (b.size, b.state))
+            .collect();
+        assert_eq!(
+            sizes,
+            vec![
+                (12 * MIB, BlockStatus::ActiveAllocated),
+                (6 * MIB + 768 * 1024, BlockStatus::ActiveAllocated),
+                (5 * MIB / 4, BlockStatus::ActiveAllocated),
+            ],
+            "{start:?}"
         );
     }
 

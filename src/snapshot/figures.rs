@@ -66,6 +66,8 @@ struct PerDevice {
     #[serde(default)]
     description: String,
     pytorch_cuda_alloc_conf: Option<String>,
+    #[serde(default)]
+    memory_fraction: Option<f64>,
     torch_version: String,
     #[serde(default)]
     cuda_version: Option<String>,
@@ -151,7 +153,7 @@ pub fn read_figures_for(path: &Path, device: usize) -> Result<Figures, SnapshotE
         workload: per.workload,
         description: per.description,
         pytorch_cuda_alloc_conf: per.pytorch_cuda_alloc_conf,
-        memory_fraction: None,
+        memory_fraction: per.memory_fraction,
         torch_version: per.torch_version,
         cuda_version: per.cuda_version,
         gpu_name: per.gpu_name,

@@ -144,7 +144,7 @@ fn kind(p: &Pickle, v: Value) -> &'static str {
     match v {
         Value::None => "None",
         Value::Bool(_) => "a bool",
-        Value::Int(_) | Value::BigInt => "an integer",
+        Value::Int(_) | Value::UInt(_) | Value::BigInt => "an integer",
         Value::Float(_) => "a float",
         Value::Node(id) => match p.node(id) {
             Node::Str(_) => "a string",
@@ -256,7 +256,9 @@ impl<'a> Converter<'a> {
     fn int(&self, v: Value, at: At) -> Result<i64, SnapshotError> {
         match v {
             Value::Int(i) => Ok(i),
-            Value::BigInt => Err(self.absurd(at(), "an integer wider than 64 bits")),
+            Value::UInt(_) | Value::BigInt => {
+                Err(self.absurd(at(), "an integer wider than 64 bits"))
+            }
             _ => Err(self.wrong(v, "an integer", at)),
         }
     }
@@ -395,9 +397,13 @@ impl<'a> Converter<'a> {
             filename.ok_or_else(|| self.missing(&field("filename")))?,
             &field("filename"),
         )?;
-        let line = match self.opt_int(line, &field("line"))? {
-            Some(l) => self.unsigned(l, "line", &field("line"))?,
-            None => 0,
+        let line = match line {
+            // PyTorch 2.11 writes 2^64 - 1 for a frame whose line is unknown.
+            Some(Value::UInt(l)) => l,
+            line => match self.opt_int(line, &field("line"))? {
+                Some(l) => self.unsigned(l, "line", &field("line"))?,
+                None => 0,
+            },
         };
         let id = self.frames.intern_frame(Frame {
             name: name.to_string(),
@@ -422,6 +428,7 @@ impl<'a> Converter<'a> {
             is_expandable,
             frames,
             blocks,
+            pool_id,
         ] = fields(
             self.p,
             pairs,
@@ -437,6 +444,7 @@ impl<'a> Converter<'a> {
                 "is_expandable",
                 "frames",
                 "blocks",
+                "segment_pool_id",
             ],
         );
         let at = |field: &'static str| move || format!("segments[{i}].{field}");
@@ -473,6 +481,28 @@ impl<'a> Converter<'a> {
         let stream = self.int(req(stream, "stream")?, &at("stream"))?;
         let stream = self.unsigned(stream, "stream", &at("stream"))?;
         let is_expandable = self.bool(is_expandable, &at("is_expandable"))?;
+        let pool_id = match pool_id {
+            None | Some(Value::None) => (0, 0),
+            Some(v) => {
+                let parts = self.seq(v, &at("segment_pool_id"))?;
+                let [a, b] = parts[..] else {
+                    return Err(self.absurd(
+                        at("segment_pool_id")(),
+                        format!("a pool id of {} parts (two expected)", parts.len()),
+                    ));
+                };
+                let part = |v: Value| -> Result<u64, SnapshotError> {
+                    match v {
+                        Value::UInt(u) => Ok(u),
+                        v => {
+                            let i = self.int(v, &at("segment_pool_id"))?;
+                            self.unsigned(i, "segment_pool_id", &at("segment_pool_id"))
+                        }
+                    }
+                };
+                (part(a)?, part(b)?)
+            }
+        };
         let blocks = self.seq(req(blocks, "blocks")?, &at("blocks"))?;
         let stack = self.stack(frames, &at("frames"))?;
         let mut out_blocks = Vec::with_capacity(blocks.len());
@@ -498,6 +528,7 @@ impl<'a> Converter<'a> {
             stream,
             segment_type,
             is_expandable,
+            pool_id,
             blocks: out_blocks,
             stack,
         })

@@ -104,6 +104,7 @@ pub fn segment_states(segments: &[SegmentInfo], device: usize) -> Vec<SegmentSta
                     Pool::Large => SegmentType::Large,
                 },
                 is_expandable: seg.expandable,
+                pool_id: (0, 0),
                 blocks,
                 stack: StackId::EMPTY,
             }

@@ -72,6 +72,10 @@ pub struct SegmentState {
     pub segment_type: SegmentType,
     /// Whether the segment is an expandable segment (`expandable_segments:True`).
     pub is_expandable: bool,
+    /// `segment_pool_id`: the private pool the segment belongs to — a CUDA graph's
+    /// (`torch.cuda.graph`, `torch.compile(mode="reduce-overhead")`) or a `torch.cuda.MemPool`'s
+    /// — or `(0, 0)` for the allocator's default pools.
+    pub pool_id: (u64, u64),
     /// The blocks tiling the segment, in address order.
     pub blocks: Vec<BlockState>,
     /// Where the segment was allocated ([`StackId::EMPTY`] when no stack was recorded).

@@ -21,8 +21,8 @@ use super::{
 /// list, so a stack shared by many entries is written once. It holds:
 ///
 /// - `segments`: per segment `device`, `address`, `total_size`, `allocated_size`,
-///   `active_size`, `requested_size`, `stream`, `segment_type`, `segment_pool_id` (always
-///   `(0, 0)`: private pools are not modelled), `is_expandable`, `frames` and `blocks`, each
+///   `active_size`, `requested_size`, `stream`, `segment_type`, `segment_pool_id` (the
+///   segment's [`SegmentState::pool_id`]), `is_expandable`, `frames` and `blocks`, each
 ///   block with `address`, `size`, `requested_size`, `state` and `frames`.
 ///   `_memory_viz stats` asserts that the blocks of a segment add up to its `total_size`.
 /// - `device_traces`: per device a list of entries with `action`, `addr` (or `device_free` for
@@ -287,8 +287,8 @@ impl<'s, W: Write> Pickler<'s, W> {
         self.key("segment_type")?;
         self.str(seg.segment_type.as_str())?;
         self.key("segment_pool_id")?;
-        self.int(0)?;
-        self.int(0)?;
+        self.uint(seg.pool_id.0)?;
+        self.uint(seg.pool_id.1)?;
         self.op(TUPLE2)?;
         self.key("is_expandable")?;
         self.bool(seg.is_expandable)?;

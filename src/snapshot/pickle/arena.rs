@@ -25,7 +25,10 @@ pub(crate) enum Value {
     None,
     Bool(bool),
     Int(i64),
-    /// An integer outside the 64-bit signed range (up to 32 bytes wide); no snapshot value is.
+    /// An integer above the 64-bit signed range that fits 64 unsigned bits: PyTorch 2.11
+    /// writes 2^64 - 1 as the `line` of a frame whose line is unknown (a `size_t` −1).
+    UInt(u64),
+    /// An integer outside the 64-bit range (up to 32 bytes wide); no snapshot value is.
     BigInt,
     Float(f64),
     Node(u32),
@@ -37,6 +40,7 @@ impl PartialEq for Value {
             (Value::None, Value::None) | (Value::BigInt, Value::BigInt) => true,
             (Value::Bool(a), Value::Bool(b)) => a == b,
             (Value::Int(a), Value::Int(b)) => a == b,
+            (Value::UInt(a), Value::UInt(b)) => a == b,
             (Value::Float(a), Value::Float(b)) => a.to_bits() == b.to_bits(),
             (Value::Node(a), Value::Node(b)) => a == b,
             _ => false,
@@ -56,6 +60,10 @@ impl Hash for Value {
                 h.write_i64(i)
             }
             Value::BigInt => h.write_u8(4),
+            Value::UInt(u) => {
+                h.write_u8(7);
+                h.write_u64(u)
+            }
             Value::Float(f) => {
                 h.write_u8(5);
                 h.write_u64(f.to_bits())

@@ -452,6 +452,10 @@ impl Machine<'_> {
         let v = i64::from_le_bytes(le);
         // Wider than 8 bytes: fits only if the high bytes merely extend the sign.
         if b.len() > 8 && (b[8..].iter().any(|&x| x != fill) || (v < 0) != negative) {
+            // A positive value of 64 unsigned bits (the ninth byte a zero sign byte).
+            if !negative && b[8..].iter().all(|&x| x == 0) {
+                return Ok(Value::UInt(v as u64));
+            }
             return Ok(Value::BigInt);
         }
         Ok(Value::Int(v))
@@ -692,6 +696,9 @@ fn text_int(t: &[u8], what: &str) -> Result<Value> {
         .trim();
     if let Ok(v) = s.parse::<i64>() {
         return Ok(Value::Int(v));
+    }
+    if let Ok(v) = s.parse::<u64>() {
+        return Ok(Value::UInt(v));
     }
     let digits = s.strip_prefix(['-', '+']).unwrap_or(s);
     if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {

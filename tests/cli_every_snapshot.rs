@@ -1,0 +1,207 @@
+//! `cachalot replay` on issue 23's snapshots as a user without PyTorch's figures has them (the
+//! pickle alone, no NAME.json beside it): the fraction a program set is given or found, the
+//! self-check names what it cannot model, and every real snapshot is read.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+mod common;
+use common::fixtures_root;
+
+fn cachalot(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cachalot"))
+        .args(args)
+        .output()
+        .expect("the cachalot binary runs")
+}
+
+/// `tests/fixtures/user/NAME.pickle.gz` copied alone into a scratch folder (no sidecar).
+fn alone(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("cachalot-every-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let to = dir.join(format!("{name}.pickle.gz"));
+    std::fs::copy(
+        fixtures_root()
+            .join("user")
+            .join(format!("{name}.pickle.gz")),
+        &to,
+    )
+    .unwrap();
+    to
+}
+
+fn json(o: &Output) -> serde_json::Value {
+    assert!(
+        o.status.success(),
+        "cachalot failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).expect("one JSON object on stdout")
+}
+
+fn sidecar(name: &str) -> serde_json::Value {
+    let path = fixtures_root().join("user").join(format!("{name}.json"));
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn frees_nothing_explains_are_named_and_the_fraction_is_found() {
+    let path = alone("resnet50_fraction");
+    let path = path.to_str().unwrap();
+    let out = cachalot(&["replay", path, "--pytorch"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(text.contains("frees the replay cannot explain"), "{text}");
+    assert!(text.contains("set_per_process_memory_fraction"), "{text}");
+    assert!(text.contains("fraction   found"), "{text}");
+    let report = json(&cachalot(&["replay", path, "--pytorch", "--json"]));
+    let found = &report["unexplained_frees"];
+    assert_eq!(found["trace_frees"], 32);
+    assert!(found["found_cap_bytes"].as_u64().unwrap() <= 5 << 30);
+}
+
+#[test]
+fn the_fraction_the_program_set_reproduces_pytorch_to_the_byte() {
+    let name = "resnet50_fraction";
+    let side = sidecar(name);
+    let dev = &side["devices"][0];
+    // The user's card: the fraction is of the recording GPU's memory.
+    let fraction = format!("{}", side["memory_fraction"].as_f64().unwrap());
+    let memory = format!("{}", side["device_total_memory"].as_u64().unwrap());
+    let path = alone(name);
+    let path = path.to_str().unwrap();
+    for cmd in [
+        vec!["replay", path, "--pytorch", "--json"],
+        vec![
+            "replay",
+            path,
+            "--pytorch",
+            "--json",
+            "--device-memory",
+            &memory,
+        ],
+    ] {
+        let mut args = cmd.clone();
+        args.extend(["--memory-fraction", &fraction]);
+        let report = json(&cachalot(&args));
+        if cmd.len() == 4 {
+            // On an H200 of another size than the recording one, the cap differs: only check
+            // that the fraction is in force.
+            assert_eq!(
+                report["memory_fraction"].as_f64(),
+                side["memory_fraction"].as_f64()
+            );
+            continue;
+        }
+        assert_eq!(report["peak_reserved_bytes"], dev["max_memory_reserved"]);
+        assert_eq!(report["peak_allocated_bytes"], dev["max_memory_allocated"]);
+        assert_eq!(report["device_frees"], 32);
+        assert_eq!(report["self_check"]["matches"], true, "{report}");
+        assert!(report.get("unexplained_frees").is_none());
+    }
+    // And `compare` takes it too: its baseline is then PyTorch's run.
+    let out = cachalot(&["compare", path, "--json", "--memory-fraction", &fraction]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A fraction out of range is bad input.
+    let bad = cachalot(&["replay", path, "--memory-fraction", "1.5"]);
+    assert_eq!(bad.status.code(), Some(2));
+}
+
+#[test]
+fn the_self_check_names_what_it_cannot_model() {
+    let cases = [
+        ("mempool_mlp", "private pools"),
+        ("settings_runtime", "settings changed at run time"),
+        (
+            "lstm_expandable_warm",
+            "the state when recording began was not rebuilt",
+        ),
+    ];
+    for (name, cause) in cases {
+        let path = alone(name);
+        let report = json(&cachalot(&[
+            "replay",
+            path.to_str().unwrap(),
+            "--pytorch",
+            "--json",
+        ]));
+        let causes = report["self_check"]["causes"].as_array().unwrap();
+        assert!(
+            causes.iter().any(|c| c.as_str().unwrap().contains(cause)),
+            "{name}: {causes:?}"
+        );
+        let text = cachalot(&["replay", path.to_str().unwrap(), "--pytorch"]);
+        assert!(
+            String::from_utf8_lossy(&text.stdout).contains(cause),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn every_new_snapshot_is_read_and_replayed() {
+    for name in [
+        "diffusion_wrapped",
+        "diffusion_multires_wrapped",
+        "gpt2_bf16_wrapped",
+        "lstm_expandable_warm",
+        "cuda_graph_mlp",
+        "mempool_mlp",
+        "compile_reduce_overhead",
+        "resnet50_fraction",
+        "settings_runtime",
+    ] {
+        let path = fixtures_root()
+            .join("user")
+            .join(format!("{name}.pickle.gz"));
+        let report = json(&cachalot(&[
+            "replay",
+            path.to_str().unwrap(),
+            "--pytorch",
+            "--json",
+        ]));
+        let expect = !matches!(
+            name,
+            "lstm_expandable_warm" | "mempool_mlp" | "settings_runtime"
+        );
+        assert_eq!(
+            report["self_check"]["matches"].as_bool(),
+            Some(expect),
+            "{name}: {}",
+            report["self_check"]
+        );
+    }
+}
+
+#[test]
+fn a_replays_snapshot_puts_private_pools_blocks_back_in_their_pools() {
+    let path = fixtures_root()
+        .join("user")
+        .join("cuda_graph_mlp.pickle.gz");
+    let out_path =
+        std::env::temp_dir().join(format!("cachalot-every-{}-g.pickle", std::process::id()));
+    let out = cachalot(&[
+        "replay",
+        path.to_str().unwrap(),
+        "--pytorch",
+        "--snapshot-out",
+        out_path.to_str().unwrap(),
+    ]);
+    assert!(out.status.success());
+    let ours = cachalot_tools::snapshot::read_snapshot(&out_path).unwrap();
+    let theirs = cachalot_tools::snapshot::read_snapshot(&path).unwrap();
+    let key = |s: &cachalot_tools::snapshot::Snapshot| {
+        let mut v: Vec<_> = s
+            .segments
+            .iter()
+            .map(|s| (s.address, s.stream, s.pool_id))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(key(&ours), key(&theirs));
+}
