@@ -23,7 +23,7 @@ pub struct DeviceCalls {
     pub allocs: u64,
     /// `free` (a segment).
     pub frees: u64,
-    /// `map` steps (expandable segments).
+    /// `map` steps (expandable segments), `alias` calls (page aliasing, rule 22) included.
     pub maps: u64,
     /// `unmap` steps.
     pub unmaps: u64,
@@ -165,6 +165,13 @@ impl<B: Backend> Backend for HeldBackDevice<B> {
     fn unmap(&mut self, address: u64, size: u64, stream: StreamId) -> Result<(), BackendError> {
         let r = self.inner.unmap(address, size, self.real_stream(stream));
         self.calls.unmaps += u64::from(r.is_ok());
+        r
+    }
+
+    /// Page aliasing (rule 22h): `B`'s, counted as a map step.
+    fn alias(&mut self, address: u64, source: u64, size: u64) -> Result<(), BackendError> {
+        let r = self.inner.alias(address, source, size);
+        self.calls.maps += u64::from(r.is_ok());
         r
     }
 }
