@@ -354,7 +354,10 @@ mod tests {
         assert!(knobs.expandable_segments);
         assert_eq!(knobs.expandable_page, 2 * MIB);
         assert_eq!(knobs.reclaim_headroom, Some(0.025));
-        assert!(knobs.page_aliasing);
+        assert!(
+            !knobs.page_aliasing,
+            "page aliasing is not part of cachalot's policy"
+        );
         assert_eq!(settings(&knobs), own);
     }
 
