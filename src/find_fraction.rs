@@ -18,7 +18,8 @@
 
 use cachalot::Settings;
 
-use crate::replay::{ReplayConfig, ReplayOutcome, ReplayProgram, replay};
+use crate::replay::engine::{ReplayConfig, ReplayOutcome, replay};
+use crate::replay::program::ReplayProgram;
 use crate::selfcheck::check_final_state;
 use crate::snapshot::Snapshot;
 

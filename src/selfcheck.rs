@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use cachalot::snapshot::{BlockStatus, SegmentState, SegmentType, Snapshot};
 
-use crate::replay::recorded_stream;
+use crate::replay::program::recorded_stream;
 
 /// The outcome of comparing a replay's final layout with the dump.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

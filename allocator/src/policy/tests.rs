@@ -818,9 +818,9 @@ fn a_fault_in_an_alias_changes_nothing_and_is_returned_at_once() {
     let b = c.malloc(4 * MIB, S).unwrap();
     c.free(a).unwrap();
     let before = observed(&c);
-    c.backend_mut().inject(crate::Faults {
+    c.backend_mut().inject(crate::backend::sim::Faults {
         alloc_error: 1,
-        ..crate::Faults::default()
+        ..crate::backend::sim::Faults::default()
     });
     assert_eq!(
         c.malloc(12 * MIB, S),
