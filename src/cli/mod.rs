@@ -16,6 +16,7 @@ mod input;
 mod ops;
 mod plot;
 mod replay;
+mod replay_report;
 mod units;
 
 use clap::{Parser, Subcommand};
