@@ -182,8 +182,10 @@ fn page_aliasing_without_expandable_segments_is_refused() {
 
 #[test]
 fn turning_expandable_segments_off_turns_the_aliasing_it_inherited_off() {
-    // cachalot's defaults have both on; a string that turns expandable segments off without
-    // naming page_aliasing gives settings without aliasing, not a refusal.
+    // Settings with both on; a string that turns expandable segments off without naming
+    // page_aliasing gives settings without aliasing, not a refusal.
+    let both = parse("page_aliasing:True");
+    let parse = |t: &str| both.apply(t).unwrap();
     let s = parse("expandable_segments:False");
     assert!(!s.expandable_segments && !s.page_aliasing);
     assert_eq!(
@@ -1033,15 +1035,15 @@ fn hand_written_settings_display_canonically_and_parse_back() {
         ),
         ("expandable_segments:True", ""),
         ("expandable_segments:False", "expandable_segments:False"),
-        ("page_aliasing:True", ""),
-        ("page_aliasing:False", "page_aliasing:False"),
+        ("page_aliasing:False", ""),
+        ("page_aliasing:True", "page_aliasing:True"),
         (
             "page_aliasing:False,expandable_segments:False",
             "expandable_segments:False",
         ),
         (
-            "expandable_page_mb:4,page_aliasing:False,reclaim_headroom:0.25",
-            "expandable_page_mb:4,reclaim_headroom:0.25,page_aliasing:False",
+            "expandable_page_mb:4,page_aliasing:True,reclaim_headroom:0.25",
+            "expandable_page_mb:4,reclaim_headroom:0.25,page_aliasing:True",
         ),
         (
             "reclaim_headroom:0.10,expandable_page_mb:020",
@@ -1060,18 +1062,27 @@ fn hand_written_settings_display_canonically_and_parse_back() {
 
 #[test]
 fn page_aliasing_is_printed_only_beside_expandable_segments() {
-    // Over PyTorch's defaults, cachalot's settings name every key of rule 21, aliasing last.
+    // Over PyTorch's defaults, cachalot's settings name every key of rule 21 (aliasing is not
+    // one of them); with aliasing on, it is named last.
     let own = Settings::cachalot().config_over(&Settings::pytorch());
     assert_eq!(
         own,
         "expandable_segments:True,expandable_page_mb:2,reclaim_headroom:0.025,\
-         thread_cache_blocks:8,page_aliasing:True"
+         thread_cache_blocks:8"
     );
     assert_eq!(Settings::pytorch().apply(&own), Ok(Settings::cachalot()));
+    let aliasing = Settings {
+        page_aliasing: true,
+        ..Settings::cachalot()
+    };
+    let shown = aliasing.config_over(&Settings::pytorch());
+    assert!(shown.ends_with(",page_aliasing:True"), "{shown}");
+    assert_eq!(Settings::pytorch().apply(&shown), Ok(aliasing));
     // Settings made by hand with aliasing but without expandable segments (as a fallback to
     // segments makes them) print what they act as: no aliasing, so the string still parses.
     let fallback = Settings {
         expandable_segments: false,
+        page_aliasing: true,
         ..Settings::cachalot()
     };
     let shown = fallback.config_over(&Settings::pytorch());
