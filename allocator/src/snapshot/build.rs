@@ -402,15 +402,20 @@ mod tests {
             ),
             "{stack:?}"
         );
-        assert!(
-            stack
+        let reaches_this_test = stack.iter().any(|f| {
+            f.name.contains("a_live_snapshot_carries")
+                // Release builds without debug info (the loom run) know no file names.
+                && ((f.filename.ends_with("build.rs") && f.line > 0)
+                    || (f.filename == "??" && f.line == 0))
+        });
+        // A release build may also inline this test into the test harness's call: then the
+        // frame after the core's is the harness's, with no file name either.
+        let inlined_into_the_harness = cfg!(not(debug_assertions))
+            && stack
                 .iter()
-                .any(|f| f.name.contains("a_live_snapshot_carries")
-                    // Release builds without debug info (the loom run) know no file names.
-                    && ((f.filename.ends_with("build.rs") && f.line > 0)
-                        || (f.filename == "??" && f.line == 0))),
-            "{stack:?}"
-        );
+                .skip_while(|f| f.name.contains("CachingCore"))
+                .any(|f| f.name.contains("call_once") && f.filename == "??");
+        assert!(reaches_this_test || inlined_into_the_harness, "{stack:?}");
         let seg = &snap.segments[0];
         assert_eq!(seg.stack, entries[0].stack);
         let live = seg.blocks.iter().find(|x| x.address == a).unwrap();
