@@ -14,31 +14,13 @@ use std::sync::Arc;
 use cachalot::cuda::cudarc::driver::{CudaContext, CudaStream, result};
 use cachalot::cuda::{CudaAllocator, CudaBackend, DeviceBuffer, stream_id};
 use cachalot::{Backend, Settings};
-use gpu_common::{MIB, exclusive, gpu};
+use gpu_common::{MIB, exclusive, free_memory, gpu, pattern};
 
 /// Driver memory that may come and go outside the allocator (context bookkeeping, page tables).
 const TOLERANCE: u64 = 8 << 20;
 
 /// cachalot's pages (rule 21: 2 MiB in both pools).
 const PAGE: u64 = 2 << 20;
-
-fn free_memory(ctx: &Arc<CudaContext>) -> u64 {
-    ctx.mem_get_info().unwrap().0 as u64
-}
-
-/// `len` pseudo-random bytes, different for each seed (xorshift64*).
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        out.extend_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
 
 /// Copies `bytes` to the device address `at` and waits.
 fn write_raw(ctx: &Arc<CudaContext>, at: u64, bytes: &[u8]) {

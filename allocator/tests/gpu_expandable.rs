@@ -17,7 +17,7 @@ use cachalot::cuda::cudarc::driver::{
 };
 use cachalot::cuda::{CudaAllocator, CudaBackend, DeviceBuffer, stream_id};
 use cachalot::{Backend, BackendError, BlockPhase, Settings, StreamId};
-use gpu_common::{MIB, exclusive, function, gpu, kernels};
+use gpu_common::{MIB, exclusive, free_memory, function, gpu, kernels, pattern};
 
 /// Driver memory that may come and go outside the allocator (context bookkeeping, page tables).
 const TOLERANCE: u64 = 8 << 20;
@@ -29,26 +29,8 @@ fn expandable(base: Settings) -> Settings {
     base.apply("expandable_segments:True").unwrap()
 }
 
-fn free_memory(ctx: &Arc<CudaContext>) -> u64 {
-    ctx.mem_get_info().unwrap().0 as u64
-}
-
 fn close(a: u64, b: u64, tolerance: u64) -> bool {
     a.abs_diff(b) <= tolerance
-}
-
-/// `len` pseudo-random bytes, different for each seed (xorshift64*).
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        out.extend_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
-    }
-    out.truncate(len);
-    out
 }
 
 /// `out[i] = in[i] + 1` on `stream`, through the test kernel.

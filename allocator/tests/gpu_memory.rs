@@ -7,17 +7,13 @@ mod gpu_common;
 
 use std::sync::Arc;
 
-use cachalot::cuda::cudarc::driver::{CudaContext, CudaStream};
+use cachalot::cuda::cudarc::driver::CudaStream;
 use cachalot::cuda::{CudaAllocator, DeviceBlock};
 use cachalot::{MemInfo, Settings};
-use gpu_common::{MIB, exclusive, gpu};
+use gpu_common::{MIB, exclusive, free_memory, gpu};
 
 /// Driver memory that may come and go outside the allocator (context bookkeeping).
 const TOLERANCE: u64 = 4 << 20;
-
-fn free_memory(ctx: &Arc<CudaContext>) -> u64 {
-    ctx.mem_get_info().unwrap().0 as u64
-}
 
 fn close(a: u64, b: u64, tolerance: u64) -> bool {
     a.abs_diff(b) <= tolerance

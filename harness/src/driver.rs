@@ -18,7 +18,7 @@ use cachalot_tools::replay::ReplayTarget;
 use crate::op::{Op, STREAMS, THREADS, ThreadOp, fraction};
 use crate::scenario::{Scenario, ThreadScenario};
 use crate::side::{
-    Call, CoreSide, ModelSide, Outcome, Side, ThreadedSide, adoption_from_allocator,
+    Call, CoreSide, ModelSide, Observation, Outcome, Side, ThreadedSide, adoption_from_allocator,
     compare_observations,
 };
 
@@ -297,6 +297,12 @@ impl<A: Side, B: Side> Driver<A, B> {
 
 /// Runs a scenario on the allocator core and the model (rules 1–16).
 pub fn run_scenario(scenario: &Scenario) -> Result<(), String> {
+    run_scenario_observed(scenario).map(|_| ())
+}
+
+/// [`run_scenario`], returning what both sides observed after the last operation, before the
+/// drain (they agree on it): for hand-made sequences that also assert on that state.
+pub fn run_scenario_observed(scenario: &Scenario) -> Result<Observation, String> {
     let steps: Vec<ThreadOp> = scenario
         .ops
         .iter()
@@ -305,11 +311,17 @@ pub fn run_scenario(scenario: &Scenario) -> Result<(), String> {
             op: op.clone(),
         })
         .collect();
-    Driver::new(
+    let mut driver = Driver::new(
         CoreSide::new(&scenario.knobs)?,
         ModelSide::new(&scenario.knobs),
-    )
-    .run(&steps)
+    );
+    driver.compare()?;
+    for step in &steps {
+        driver.apply_step(step)?;
+    }
+    let seen = driver.b.observe()?;
+    driver.drain()?;
+    Ok(seen)
 }
 
 /// Runs a threaded scenario on the front end, each operation on its worker thread, and on the

@@ -6,10 +6,10 @@
 //! checkers). Random sequences with the knob run in `differential.rs` and
 //! `differential_threads.rs` (the knob tables draw it with expandable segments and a headroom).
 
-use cachalot_harness::driver::{Driver, run_scenario};
+use cachalot_harness::driver::run_scenario_observed;
 use cachalot_harness::op::Op;
 use cachalot_harness::scenario::{Knobs, Scenario};
-use cachalot_harness::side::{CoreSide, ModelSide, Observation, Side};
+use cachalot_harness::side::Observation;
 
 const MIB: u64 = 1 << 20;
 
@@ -41,14 +41,8 @@ fn run(knobs: Knobs, ops: Vec<Op>) -> Observation {
         knobs: knobs.clone(),
         ops: ops.clone(),
     };
-    if let Err(e) = run_scenario(&scenario) {
-        panic!("{e}\nknobs: {knobs:?}\nops: {ops:?}");
-    }
-    let mut d = Driver::new(CoreSide::new(&knobs).unwrap(), ModelSide::new(&knobs));
-    for op in &ops {
-        d.apply(op).unwrap();
-    }
-    d.b.observe().unwrap()
+    run_scenario_observed(&scenario)
+        .unwrap_or_else(|e| panic!("{e}\nknobs: {knobs:?}\nops: {ops:?}"))
 }
 
 fn stat(o: &Observation, path: &str) -> i64 {

@@ -6,10 +6,10 @@
 //! not a page will then be mapped). Random sequences with these knobs run in
 //! `differential.rs` and `differential_threads.rs` (the knob tables draw them).
 
-use cachalot_harness::driver::{Driver, run_scenario};
+use cachalot_harness::driver::run_scenario_observed;
 use cachalot_harness::op::Op;
 use cachalot_harness::scenario::{Knobs, Scenario};
-use cachalot_harness::side::{CoreSide, ModelSide, Observation, Side};
+use cachalot_harness::side::Observation;
 
 const MIB: u64 = 1 << 20;
 
@@ -31,21 +31,15 @@ fn free(pick: u16) -> Op {
     Op::Free { pick }
 }
 
-/// Runs `ops` on both sides, checking agreement after every step, and returns the model's
-/// final observation (both agree on it).
+/// Runs `ops` on both sides, checking agreement after every step, and returns the final
+/// observation (both agree on it).
 fn run(knobs: Knobs, ops: Vec<Op>) -> Observation {
     let scenario = Scenario {
         knobs: knobs.clone(),
         ops: ops.clone(),
     };
-    if let Err(e) = run_scenario(&scenario) {
-        panic!("{e}\nknobs: {knobs:?}\nops: {ops:?}");
-    }
-    let mut d = Driver::new(CoreSide::new(&knobs).unwrap(), ModelSide::new(&knobs));
-    for op in &ops {
-        d.apply(op).unwrap();
-    }
-    d.b.observe().unwrap()
+    run_scenario_observed(&scenario)
+        .unwrap_or_else(|e| panic!("{e}\nknobs: {knobs:?}\nops: {ops:?}"))
 }
 
 /// A statistic of an observation by its dotted path.

@@ -418,56 +418,12 @@ impl<B: Backend> CachingCore<B> {
     /// set, the slots become lent (their pages gain a lent mapping) and merge with lent
     /// neighbours. With `trace`, the history records `segment_unmap` for each slot.
     fn carve(&mut self, id: BlockId, start: u64, bytes: u64, trace: bool) {
-        let (address, size, pool, stream, base) = {
+        let (stream, base) = {
             let b = self.blocks.get(id);
-            debug_assert!(b.free_mapped());
-            (
-                b.address,
-                b.size,
-                b.pool,
-                b.stream,
-                b.range.expect("a range"),
-            )
+            (b.stream, b.range.expect("a range"))
         };
-        let p = pool.index();
-        self.free[p].remove(&(stream, size, address, id));
-        let gc_base = self.searches[p];
-        let piece =
-            |address: u64, size: u64| Block::free(address, size, stream, pool, gc_base, Some(base));
-        if start > address {
-            let prev = self.blocks.get(id).prev;
-            let before = self.blocks.insert(Block {
-                prev,
-                next: Some(id),
-                ..piece(address, start - address)
-            });
-            if let Some(pp) = prev {
-                self.blocks.get_mut(pp).next = Some(before);
-            }
-            self.blocks.get_mut(id).prev = Some(before);
-            self.free[p].insert((stream, start - address, address, before));
-        }
+        let (prev, next) = self.cut_out(id, start, bytes, Backing::Lent);
         let end = start + bytes;
-        if address + size > end {
-            let next = self.blocks.get(id).next;
-            let after = self.blocks.insert(Block {
-                prev: Some(id),
-                next,
-                ..piece(end, address + size - end)
-            });
-            if let Some(nn) = next {
-                self.blocks.get_mut(nn).prev = Some(after);
-            }
-            self.blocks.get_mut(id).next = Some(after);
-            self.free[p].insert((stream, address + size - end, end, after));
-        }
-        let (prev, next) = {
-            let b = self.blocks.get_mut(id);
-            b.address = start;
-            b.size = bytes;
-            b.backing = Backing::Lent;
-            (b.prev, b.next)
-        };
         let _ = self.absorb_neighbours(id, prev, next, Backing::Lent);
         self.index_lent(id);
         let t = self.pages.as_mut().expect("rule 22 acts");

@@ -364,37 +364,46 @@ impl<B: Backend> CachingCore<B> {
 
     /// Rule 19e: unmap the whole pages inside the free block `id`; a range left as one unmapped
     /// block gives its address space back.
-    fn unmap_block(&mut self, id: BlockId) -> Result<(), Error> {
+    /// Takes the free mapped block `id` out of the free set and narrows it to `[start, end)`
+    /// (`end = start + bytes`), now of `backing`: the parts before and after, those of nonzero
+    /// size, become free blocks in the free set. Returns its neighbours then. Rule 19e's
+    /// unmapping and rule 22c's carving both cut a free block so.
+    pub(super) fn cut_out(
+        &mut self,
+        id: BlockId,
+        start: u64,
+        bytes: u64,
+        backing: Backing,
+    ) -> (Option<BlockId>, Option<BlockId>) {
         let (address, size, pool, stream, base) = {
             let b = self.blocks.get(id);
             debug_assert!(b.free_mapped());
-            let base = b
-                .range
-                .expect("rule 19e: only blocks of ranges are unmapped");
-            (b.address, b.size, b.pool, b.stream, base)
+            (
+                b.address,
+                b.size,
+                b.pool,
+                b.stream,
+                b.range.expect("only blocks of ranges are cut"),
+            )
         };
-        let Some((first, end)) = self.whole_pages(id) else {
-            return Ok(());
-        };
-        let bytes = end - first;
-        self.backend.unmap(first, bytes, stream)?;
         let p = pool.index();
+        let end = start + bytes;
         self.free[p].remove(&(stream, size, address, id));
         let gc_base = self.searches[p];
         let piece =
             |address: u64, size: u64| Block::free(address, size, stream, pool, gc_base, Some(base));
-        if first > address {
+        if start > address {
             let prev = self.blocks.get(id).prev;
             let before = self.blocks.insert(Block {
                 prev,
                 next: Some(id),
-                ..piece(address, first - address)
+                ..piece(address, start - address)
             });
             if let Some(pp) = prev {
                 self.blocks.get_mut(pp).next = Some(before);
             }
             self.blocks.get_mut(id).prev = Some(before);
-            self.free[p].insert((stream, first - address, address, before));
+            self.free[p].insert((stream, start - address, address, before));
         }
         if address + size > end {
             let next = self.blocks.get(id).next;
@@ -409,13 +418,30 @@ impl<B: Backend> CachingCore<B> {
             self.blocks.get_mut(id).next = Some(after);
             self.free[p].insert((stream, address + size - end, end, after));
         }
-        let (prev, next) = {
+        {
             let b = self.blocks.get_mut(id);
-            b.address = first;
+            b.address = start;
             b.size = bytes;
-            b.backing = Backing::Unmapped;
+            b.backing = backing;
             (b.prev, b.next)
+        }
+    }
+
+    fn unmap_block(&mut self, id: BlockId) -> Result<(), Error> {
+        let (pool, stream, base) = {
+            let b = self.blocks.get(id);
+            debug_assert!(b.free_mapped());
+            let base = b
+                .range
+                .expect("rule 19e: only blocks of ranges are unmapped");
+            (b.pool, b.stream, base)
         };
+        let Some((first, end)) = self.whole_pages(id) else {
+            return Ok(());
+        };
+        let bytes = end - first;
+        self.backend.unmap(first, bytes, stream)?;
+        let (prev, next) = self.cut_out(id, first, bytes, Backing::Unmapped);
         self.pages_unmapped(base, first, bytes, true);
         let _ = self.absorb_neighbours(id, prev, next, Backing::Unmapped);
         self.reserved -= bytes;

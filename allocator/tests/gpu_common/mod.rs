@@ -118,3 +118,22 @@ pub fn function(module: &Arc<CudaModule>, name: &str) -> CudaFunction {
 
 /// Bytes in a mebibyte.
 pub const MIB: usize = 1 << 20;
+
+/// The device's free memory (`cuMemGetInfo`), in bytes.
+pub fn free_memory(ctx: &Arc<CudaContext>) -> u64 {
+    ctx.mem_get_info().unwrap().0 as u64
+}
+
+/// `len` pseudo-random bytes, different for each seed (xorshift64*).
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        out.extend_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
