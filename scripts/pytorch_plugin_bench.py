@@ -37,6 +37,13 @@ process's figures) and OUT/logs/*.log. Usage:
 
   python3 scripts/pytorch_plugin_bench.py --out OUT [--steps 50] [--warmup 5]
       [--workloads a,b] [--modes native,plugin-pytorch,plugin-cachalot] [--no-oom]
+      [--rounds N]
+
+With --rounds N every workload runs N rounds of one process per mode, the modes' order rotated
+each round (round 0: native first; round 1: the second mode first; ...), so that order and
+drift on a shared machine fall on every allocator alike. Step-time ratios are then taken per
+round against that round's native process, and the table shows their median and range
+(min-max) over the rounds beside the median of the processes' own means.
 
 Needs PyTorch with CUDA, torchvision, transformers, and the cachalot package (pip install .,
 or its wheel) importable.
@@ -323,12 +330,53 @@ def agreement(r: Dict[str, Any], native: Dict[str, Any]) -> str:
     return f"max rel. diff {worst:.1e}"
 
 
+def round_table(results: List[Dict[str, Any]]) -> List[str]:
+    """Step time over interleaved rounds: per round, each mode's mean step time over that
+    round's native process; the median and range of those ratios, and the median of the
+    processes' means and peaks."""
+    rounds = sorted({r.get("round", 0) for r in results})
+    if len(rounds) < 2:
+        return []
+    lines = [
+        "",
+        f"Interleaved rounds ({len(rounds)} per workload, the modes' order rotated each round):",
+        "",
+        "| workload | allocator | rounds | step time mean, median of rounds (ms) | × native per round: median | × native per round: min–max | job's peak device memory, median (GiB) |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    by: Dict[Tuple[str, str, int], Dict[str, Any]] = {
+        (r["workload"], r["mode"], r.get("round", 0)): r for r in results if not r.get("error")
+    }
+    for w in dict.fromkeys(r["workload"] for r in results):
+        for m in MODES:
+            means, ratios, peaks = [], [], []
+            for k in rounds:
+                r = by.get((w, m, k))
+                if r is None or r.get("step_mean_s") is None:
+                    continue
+                means.append(r["step_mean_s"])
+                if r.get("job_peak") is not None:
+                    peaks.append(r["job_peak"])
+                n = by.get((w, "native", k))
+                if n and n.get("step_mean_s"):
+                    ratios.append(r["step_mean_s"] / n["step_mean_s"])
+            if not means:
+                continue
+            spread = f"{min(ratios):.3f}–{max(ratios):.3f}" if ratios else "-"
+            med = f"{statistics.median(ratios):.3f}" if ratios else "-"
+            lines.append(
+                f"| {w} | {m} | {len(means)} | {ms(statistics.median(means))} | {med} | {spread} | "
+                f"{gib(statistics.median(peaks) if peaks else None)} |"
+            )
+    return lines
+
+
 def tables(results: List[Dict[str, Any]], oom: List[Dict[str, Any]]) -> str:
     lines = [
         "| workload | shapes | allocator | steps | losses / outputs vs native | job's peak device memory (GiB) | × native | allocator's peak reserved (GiB) | step time mean (ms) | × native | median (ms) | × native |",
         "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    by = {(r["workload"], r["mode"]): r for r in results}
+    by = {(r["workload"], r["mode"]): r for r in results if r.get("round", 0) == 0}
     for w in dict.fromkeys(r["workload"] for r in results):
         native = by.get((w, "native"), {})
         for m in MODES:
@@ -345,6 +393,7 @@ def tables(results: List[Dict[str, Any]], oom: List[Dict[str, Any]]) -> str:
                 f"{ratio(r.get('step_mean_s'), native.get('step_mean_s'))} | {ms(r.get('step_median_s'))} | "
                 f"{ratio(r.get('step_median_s'), native.get('step_median_s'))} |"
             )
+    lines += round_table(results)
     if oom:
         lines += [
             "",
@@ -369,9 +418,14 @@ def parent(a: argparse.Namespace) -> int:
     print(f"{len(workloads)} workloads x {len(modes)} allocators, {a.warmup}+{a.steps} steps", flush=True)
     oom: List[Dict[str, Any]] = []
     for w in workloads:
-        for m in modes:
-            results.append(spawn(a, w, m, None, f"{w}__{m}"))
-            write(a, results, oom)  # what is done so far survives a time limit
+        for k in range(a.rounds):
+            order = modes[k % len(modes):] + modes[: k % len(modes)]
+            for m in order:
+                tag = f"{w}__{m}" if a.rounds == 1 else f"{w}__{m}__r{k}"
+                r = spawn(a, w, m, None, tag)
+                r["round"] = k
+                results.append(r)
+                write(a, results, oom)  # what is done so far survives a time limit
     if a.oom_workload and not a.no_oom:
         base = next(
             (r for r in results if r["workload"] == a.oom_workload and r["mode"] == "plugin-cachalot"), None
@@ -431,6 +485,7 @@ def main() -> int:
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--oom-workload", default="bert_infer_varied")
     p.add_argument("--no-oom", action="store_true")
+    p.add_argument("--rounds", type=int, default=1, help="interleaved rounds of every mode per workload")
     p.add_argument("--timeout", type=float, default=240)
     p.add_argument("--budget", type=float, default=420, help="no new memory-limit try after this many seconds")
     p.add_argument("--worker", help=argparse.SUPPRESS)
