@@ -432,25 +432,26 @@ impl<B: Backend> CachingCore<B> {
         Ok(())
     }
 
-    /// Rule 23: the live allocations made through views, `(address, bytes)` by address
-    /// (allocated or pending).
-    pub fn view_allocations(&self) -> Vec<(u64, u64)> {
+    /// Rule 23: the live allocations made through stitched views (which
+    /// [`CachingCore::segments`] does not list), by address: each one's address, bytes
+    /// (the rounded size) and state (allocated or pending).
+    pub fn view_allocations(&self) -> Vec<(u64, u64, BlockPhase)> {
         let Some(v) = &self.views else {
             return Vec::new();
         };
-        let mut out: Vec<(u64, u64)> = v
+        let mut out: Vec<(u64, u64, BlockPhase)> = v
             .by_allocation
             .keys()
             .map(|&id| {
                 let b = self.blocks.get(id);
-                (b.address, b.size)
+                (b.address, b.size, b.state)
             })
             .collect();
-        out.sort_unstable();
+        out.sort_unstable_by_key(|v| v.0);
         out
     }
 
-    /// Rule 23: how many views exist, and how many of them are in use.
+    /// Rule 23: how many stitched views exist, and how many of them are in use.
     pub fn view_counts(&self) -> (usize, usize) {
         self.views
             .as_ref()

@@ -26,6 +26,7 @@ pub fn settings(knobs: &Knobs) -> Settings {
     s.expandable_page_size = knobs.expandable_page;
     s.reclaim_headroom = knobs.reclaim_headroom;
     s.page_aliasing = knobs.page_aliasing;
+    s.page_stitching = knobs.page_stitching;
     s
 }
 
@@ -51,6 +52,7 @@ impl Knobs {
             expandable_page: settings.expandable_page_size,
             reclaim_headroom: settings.reclaim_headroom,
             page_aliasing: settings.page_aliasing,
+            page_stitching: settings.page_stitching,
         };
         let back = self::settings(&knobs);
         if back != *settings {
@@ -161,6 +163,7 @@ pub(super) fn layout(segments: Vec<SegmentInfo>) -> Vec<SegmentView> {
                         BlockPhase::Free => BlockKind::Free,
                         BlockPhase::Allocated => BlockKind::Allocated,
                         BlockPhase::Pending => BlockKind::Pending,
+                        BlockPhase::Held => BlockKind::Held,
                     };
                     BlockView {
                         address: b.address,
@@ -295,44 +298,68 @@ impl Side for CoreSide {
 
     fn check_invariants(&self) -> Result<(), String> {
         self.core.check_invariants().map_err(|e| e.to_string())?;
-        distinct_pages_under_live_blocks(&self.core.segments(), self.core.backend())
+        disjoint_bytes_under_live_allocations(
+            &self.core.segments(),
+            &self.core.view_allocations(),
+            self.core.backend(),
+        )
     }
 }
 
-/// Rule 22i on the device's own page table: the pages mapped at the slots under the
-/// allocator's live (allocated or pending) blocks of expandable segments are pairwise distinct
-/// — no page lies under two live blocks, whatever addresses map it. (Live blocks within one
-/// slot share its page: each slot counts once.)
-pub(super) fn distinct_pages_under_live_blocks(
+/// Rules 22i and 23i on the device's own page table: the physical bytes under the allocator's
+/// live allocations — its allocated or pending blocks of expandable segments, at their homes,
+/// and its allocations through stitched views (`views`: address, bytes), through the view's
+/// own slots — are pairwise disjoint, as `(page, byte range within the page)` sets, whatever
+/// addresses map the pages. Byte-precise: a view's allocation may use the first `t` bytes of
+/// a page whose other bytes are under another live block. (Held pieces, rule 23b, are the
+/// homes of a view allocation's bytes, not allocations of their own.)
+pub(super) fn disjoint_bytes_under_live_allocations(
     segments: &[SegmentInfo],
+    views: &[(u64, u64, BlockPhase)],
     device: &SimDevice,
 ) -> Result<(), String> {
-    let mut pages: Vec<(cachalot::PageId, u64, u64)> = Vec::new();
+    // (page, first byte, end byte, the allocation's address)
+    let mut pieces: Vec<(cachalot::PageId, u64, u64, u64)> = Vec::new();
+    let mut add = |address: u64, size: u64| -> Result<(), String> {
+        let mut at = address;
+        while at < address + size {
+            let found = device
+                .slot_at(at)
+                .and_then(|(slot, page)| Some((slot, page, device.page_at(slot)?)));
+            let Some((slot, page, id)) = found else {
+                return Err(format!(
+                    "rules 22i, 23i: live allocation {address:#x} has nothing mapped at {at:#x}"
+                ));
+            };
+            let end = (address + size).min(slot + page);
+            pieces.push((id, at - slot, end - slot, address));
+            at = end;
+        }
+        Ok(())
+    };
     for s in segments.iter().filter(|s| s.expandable) {
-        for b in s.blocks.iter().filter(|b| b.state != BlockPhase::Free) {
-            let mut at = b.address;
-            while at < b.address + b.size {
-                let found = device
-                    .slot_at(at)
-                    .and_then(|(slot, page)| Some((slot, page, device.page_at(slot)?)));
-                let Some((slot, page, id)) = found else {
-                    return Err(format!(
-                        "rule 22i: live block {:#x} has nothing mapped at {at:#x}",
-                        b.address
-                    ));
-                };
-                pages.push((id, slot, b.address));
-                at = slot + page;
-            }
+        for b in s
+            .blocks
+            .iter()
+            .filter(|b| matches!(b.state, BlockPhase::Allocated | BlockPhase::Pending))
+        {
+            add(b.address, b.size)?;
         }
     }
-    pages.sort_unstable();
-    pages.dedup_by_key(|&mut (id, slot, _)| (id, slot));
-    for w in pages.windows(2) {
-        if w[0].0 == w[1].0 {
+    for &(address, size, _) in views {
+        add(address, size)?;
+    }
+    pieces.sort_unstable();
+    for w in pieces.windows(2) {
+        if w[0].0 == w[1].0 && w[0].2 > w[1].1 {
             return Err(format!(
-                "rule 22i: page {:?} lies under live blocks {:#x} and {:#x} (device page table)",
-                w[0].0, w[0].2, w[1].2
+                "rules 22i, 23i: bytes [{:#x}, {:#x}) of page {:?} lie under live allocations \
+                 {:#x} and {:#x} (device page table)",
+                w[1].1,
+                w[0].2.min(w[1].2),
+                w[0].0,
+                w[0].3,
+                w[1].3
             ));
         }
     }
