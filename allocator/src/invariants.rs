@@ -350,7 +350,9 @@ pub(crate) fn check(parts: CoreParts<'_>) -> Result<(), InvariantViolation> {
         let in_free = parts.free[p].contains(&(b.stream, b.size, b.address, id));
         let in_live = parts.live.get(&b.address) == Some(&id);
         if b.prev.is_some() || b.next.is_some() || b.range.is_some() || b.pool != Pool::Large {
-            return Err(view("a view allocation with neighbours, a range or the small pool"));
+            return Err(view(
+                "a view allocation with neighbours, a range or the small pool",
+            ));
         }
         if parts
             .views
@@ -849,7 +851,10 @@ fn check_views(
             let Some(range) = parts.ranges.get(&base) else {
                 return Err(err(home, "a view's home in no range"));
             };
-            let (pool, stream) = owner.get(&base).copied().unwrap_or((Pool::Small, view.stream));
+            let (pool, stream) = owner
+                .get(&base)
+                .copied()
+                .unwrap_or((Pool::Small, view.stream));
             if stream != view.stream
                 || range.page != page
                 || (pool == Pool::Small && range.page != SMALL_BUFFER)
@@ -857,7 +862,10 @@ fn check_views(
                 || !(home - base).is_multiple_of(page)
                 || home + page > base + range.size
             {
-                return Err(err(home, "a view's home is not a slot of a range of its stream"));
+                return Err(err(
+                    home,
+                    "a view's home is not a slot of a range of its stream",
+                ));
             }
             // Every block over the home slot is mapped (its own memory).
             let mut cur = at.range(..=home).next_back().map(|(_, &id)| id);
@@ -880,7 +888,10 @@ fn check_views(
         match &view.in_use {
             None => {
                 if !in_free_index {
-                    return Err(err(view.address, "a free view missing from the free indexes"));
+                    return Err(err(
+                        view.address,
+                        "a free view missing from the free indexes",
+                    ));
                 }
             }
             Some(u) => {
@@ -895,7 +906,10 @@ fn check_views(
                     || r.div_ceil(page) != n as u64
                     || u.pieces.len() != n
                 {
-                    return Err(err(view.address, "a view in use and its allocation disagree"));
+                    return Err(err(
+                        view.address,
+                        "a view in use and its allocation disagree",
+                    ));
                 }
                 for (i, (&pid, &(_, home))) in u.pieces.iter().zip(&view.homes).enumerate() {
                     let want = if i + 1 < n {
@@ -913,7 +927,10 @@ fn check_views(
         }
     }
     if bytes != views.bytes || (bytes > 0 && bytes > views.cap) {
-        return Err(err(0, "the views' bytes are not their sum, or pass the cap"));
+        return Err(err(
+            0,
+            "the views' bytes are not their sum, or pass the cap",
+        ));
     }
     if views.by_home.len() != homes_total
         || views.free_by_size.len() + views.by_allocation.len() != views.views.len()
@@ -924,7 +941,10 @@ fn check_views(
     pieces.sort_unstable();
     held.sort_unstable();
     if pieces.windows(2).any(|w| w[0] == w[1]) || pieces != held {
-        return Err(err(0, "held pieces and the views in use do not match one to one"));
+        return Err(err(
+            0,
+            "held pieces and the views in use do not match one to one",
+        ));
     }
     let free_blocks = parts.free[0].len() + parts.free[1].len();
     if views.free_at.len() != free_blocks
@@ -934,7 +954,10 @@ fn check_views(
                 || !parts.free[b.pool.index()].contains(&(b.stream, b.size, b.address, id))
         })
     {
-        return Err(err(0, "the free blocks' address index is not the free sets"));
+        return Err(err(
+            0,
+            "the free blocks' address index is not the free sets",
+        ));
     }
     Ok(())
 }

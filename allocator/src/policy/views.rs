@@ -377,7 +377,10 @@ impl<B: Backend> CachingCore<B> {
         let (address, stream, n) = {
             let v = self.views.as_ref().expect("rule 23 acts");
             let view = &v.views[&seq];
-            debug_assert!(view.in_use.is_none(), "rule 23h: only free views are destroyed");
+            debug_assert!(
+                view.in_use.is_none(),
+                "rule 23h: only free views are destroyed"
+            );
             (view.address, view.stream, view.homes.len() as u64)
         };
         let bytes = n * self.views.as_ref().expect("rule 23 acts").page;
@@ -458,3 +461,6 @@ impl<B: Backend> CachingCore<B> {
             .map_or((0, 0), |v| (v.views.len(), v.by_allocation.len()))
     }
 }
+
+#[cfg(test)]
+mod tests;

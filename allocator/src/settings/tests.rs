@@ -1127,7 +1127,9 @@ fn page_stitching_without_expandable_segments_is_refused() {
         assert_invalid(s, "page_stitching", "True", reason);
     }
     assert_eq!(
-        Settings::pytorch().apply("page_stitching:True").unwrap_err(),
+        Settings::pytorch()
+            .apply("page_stitching:True")
+            .unwrap_err(),
         SettingsError::InvalidValue {
             key: "page_stitching".into(),
             value: "True".into(),
@@ -1138,7 +1140,11 @@ fn page_stitching_without_expandable_segments_is_refused() {
     let on = parse("page_stitching:True");
     let off = on.apply("expandable_segments:False").unwrap();
     assert!(!off.page_stitching && !off.expandable_segments);
-    assert!(!off.apply("expandable_segments:True").unwrap().page_stitching);
+    assert!(
+        !off.apply("expandable_segments:True")
+            .unwrap()
+            .page_stitching
+    );
 }
 
 #[test]
