@@ -739,3 +739,44 @@ fn random_runs_under_page_stitching_keep_every_invariant_and_no_byte_under_two_a
         "{view_steps} steps with a view in use"
     );
 }
+
+/// The GPU test's example pass (`tests/gpu_stitching.rs`) through the front end under
+/// cachalot's policy with stitching: A 4, X 2, B 4, Y 2 MiB; free B and A; C 5 MiB; 1.5 MiB;
+/// everything freed in order.
+fn gpu_example_pass(alloc: &crate::Allocator<SimDevice>) {
+    let mut live = Vec::new();
+    for n in [4 * MIB, 2 * MIB, 4 * MIB, 2 * MIB] {
+        live.push(alloc.malloc(n, S).unwrap());
+    }
+    alloc.free(live.remove(2)).unwrap();
+    alloc.free(live.remove(0)).unwrap();
+    live.push(alloc.malloc(5 * MIB, S).unwrap());
+    live.push(alloc.malloc(3 * MIB / 2, S).unwrap());
+    alloc.check_invariants().unwrap();
+    let views = alloc.view_allocations();
+    let segments = alloc.segments();
+    alloc.with_backend(|d| check_device(segments, views, d));
+    for a in live {
+        alloc.free(a).unwrap();
+    }
+}
+
+#[test]
+fn the_gpu_tests_example_reaches_passes_with_no_device_call_under_cachalots_policy() {
+    let settings = Settings::cachalot().apply("page_stitching:True").unwrap();
+    let alloc = crate::Allocator::new(SimDevice::new(1 << 30), settings).unwrap();
+    gpu_example_pass(&alloc);
+    // C is parked in the thread's cache: its view stays in use.
+    assert_eq!(alloc.view_allocations().len(), 1);
+    let mut per_pass = Vec::new();
+    for _ in 0..5 {
+        let s = alloc.stats();
+        let before = s.num_device_alloc + s.num_device_free;
+        gpu_example_pass(&alloc);
+        let s = alloc.stats();
+        per_pass.push(s.num_device_alloc + s.num_device_free - before);
+    }
+    assert_eq!(per_pass, [0, 0, 0, 0, 0]);
+    // The range and one view, kept.
+    assert_eq!(alloc.with_backend(|d| d.reservations().count()), 2);
+}
