@@ -81,7 +81,7 @@ pub(crate) struct Views {
     pub free_at: BTreeMap<u64, BlockId>,
     /// Address space all views hold: the sum of their `n × P`.
     pub bytes: u64,
-    /// The cap (rule 23g) as last computed: `2 × capacity`.
+    /// The cap (rule 23g) when the last view was made: `2 × capacity` then.
     pub cap: u64,
     next: u64,
     clock: u64,
@@ -308,7 +308,6 @@ impl<B: Backend> CachingCore<B> {
         // Rule 23g: the cap, evicting the least recently used free views.
         let cap = self.backend.mem_info()?.total.saturating_mul(2);
         let view_bytes = need;
-        self.views.as_mut().expect("rule 23 acts").cap = cap;
         loop {
             let v = self.views.as_ref().expect("rule 23 acts");
             if v.bytes.saturating_add(view_bytes) <= cap {
@@ -358,6 +357,8 @@ impl<B: Backend> CachingCore<B> {
         v.free_by_size.insert((stream, k, seq));
         v.lru.insert((stamp, seq));
         v.bytes += view_bytes;
+        // The cap the views were last made under: their bytes only fall until the next view.
+        v.cap = cap;
         v.views.insert(
             seq,
             View {

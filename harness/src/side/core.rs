@@ -453,4 +453,64 @@ mod tests {
         assert_eq!(seen_pages.len(), 2);
         assert_eq!(seen_headrooms.len(), 4);
     }
+
+    #[test]
+    fn page_stitching_becomes_a_knob_and_is_not_drawn_yet() {
+        let parsed = Settings::pytorch()
+            .apply("expandable_segments:True,reclaim_headroom:0.25,page_stitching:True")
+            .unwrap();
+        let knobs = Knobs::from_settings(&parsed, 1 << 30).unwrap();
+        assert!(knobs.page_stitching && !knobs.page_aliasing);
+        assert_eq!(settings(&knobs), parsed);
+        assert!(!Knobs::pytorch(1 << 30).page_stitching);
+        for seed in 0..500u32 {
+            let bytes: Vec<u8> = (0..64u32)
+                .map(|i| (seed.wrapping_mul(2_654_435_761) ^ i.wrapping_mul(40_503)) as u8)
+                .collect();
+            assert!(
+                !Knobs::arbitrary(&mut Unstructured::new(&bytes))
+                    .unwrap()
+                    .page_stitching
+            );
+        }
+    }
+
+    #[test]
+    fn the_device_check_is_byte_precise_over_views_and_homes() {
+        // Rule 23's holes: A 4, X 2, B 4, Y 2 MiB, A and B freed; a 5 MiB view allocation
+        // holds 1 MiB of the page at 6 MiB, whose other bytes a 1.5 MiB block then takes.
+        let knobs = Knobs {
+            expandable_segments: true,
+            expandable_page: 2 * MIB,
+            reclaim_headroom: Some(0.0),
+            page_stitching: true,
+            ..Knobs::pytorch(1 << 30)
+        };
+        let mut core = CachingCore::new(device(&knobs), settings(&knobs)).unwrap();
+        let s = StreamId(0);
+        let a = core.malloc(4 * MIB, s).unwrap();
+        let _x = core.malloc(2 * MIB, s).unwrap();
+        let b = core.malloc(4 * MIB, s).unwrap();
+        let _y = core.malloc(2 * MIB, s).unwrap();
+        core.free(a).unwrap();
+        core.free(b).unwrap();
+        let v = core.malloc(5 * MIB, s).unwrap();
+        let small = core.malloc(3 * MIB / 2, s).unwrap();
+        assert_eq!(small, b + MIB, "the rest of the view's last page");
+        let views = core.view_allocations();
+        assert_eq!(views.len(), 1);
+        let segments = core.segments();
+        disjoint_bytes_under_live_allocations(&segments, &views, core.backend()).unwrap();
+        // A view allocation one byte-range too long would overlap the block beside its piece.
+        let mut wrong = views.clone();
+        wrong[0].1 += 512;
+        let err =
+            disjoint_bytes_under_live_allocations(&segments, &wrong, core.backend()).unwrap_err();
+        assert!(err.contains("rules 22i, 23i"), "{err}");
+        // The same page counted whole (as the old check did) would have refused the layout.
+        assert_eq!(
+            core.backend().page_at(v + 4 * MIB),
+            core.backend().page_at(small)
+        );
+    }
 }
