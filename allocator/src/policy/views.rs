@@ -117,7 +117,9 @@ impl<B: Backend> CachingCore<B> {
     #[inline]
     pub(super) fn free_remove(&mut self, p: usize, key: &FreeKey) {
         self.free[p].remove(key);
-        if let Some(v) = &mut self.views {
+        if let Some(v) = &mut self.views
+            && v.free_at.get(&key.2) == Some(&key.3)
+        {
             v.free_at.remove(&key.2);
         }
     }
