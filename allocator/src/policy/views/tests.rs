@@ -698,7 +698,17 @@ fn random_runs_under_page_stitching_keep_every_invariant_and_no_byte_under_two_a
     let mut view_steps = 0;
     for run in 0..60 {
         let capacity = [48 * MIB, 96 * MIB, 200 * MIB][run % 3];
-        let mut c = core(capacity);
+        // 2 MiB pages in both pools (small ranges' pages stitched too), or 6 MiB large pages;
+        // no headroom, or a quarter.
+        let page = [2, 6][run / 3 % 2];
+        let headroom = ["0", "0.25"][run / 6 % 2];
+        let settings = Settings::pytorch()
+            .apply(&format!(
+                "expandable_segments:True,expandable_page_mb:{page},\
+                 reclaim_headroom:{headroom},page_stitching:True"
+            ))
+            .unwrap();
+        let mut c = CachingCore::new(SimDevice::new(capacity), settings).unwrap();
         let mut live: Vec<u64> = Vec::new();
         for _ in 0..250 {
             let stream = StreamId(next(2));
@@ -779,4 +789,55 @@ fn the_gpu_tests_example_reaches_passes_with_no_device_call_under_cachalots_poli
     assert_eq!(per_pass, [0, 0, 0, 0, 0]);
     // The range and one view, kept.
     assert_eq!(alloc.with_backend(|d| d.reservations().count()), 2);
+}
+
+#[test]
+fn random_runs_through_thread_caches_keep_view_allocations_parked_and_checked() {
+    // Rule 17 over view allocations: parked ones stay in use; flushes return them.
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move |n: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % n
+    };
+    const SIZES: [u64; 6] = [4096, 2 * MIB, 3 * MIB, 4 * MIB, 5 * MIB, 9 * MIB];
+    let mut view_steps = 0;
+    for run in 0..12 {
+        let settings = Settings {
+            thread_cache_blocks: [1, 2, 8][run % 3],
+            ..Settings::cachalot().apply("page_stitching:True").unwrap()
+        };
+        let alloc = crate::Allocator::new(SimDevice::new(96 * MIB), settings).unwrap();
+        let mut live: Vec<u64> = Vec::new();
+        for _ in 0..200 {
+            match next(12) {
+                0..=5 => {
+                    if let Ok(a) = alloc.malloc(SIZES[next(SIZES.len() as u64) as usize], S) {
+                        live.push(a);
+                    }
+                }
+                6..=10 if !live.is_empty() => {
+                    let a = live.swap_remove(next(live.len() as u64) as usize);
+                    alloc.free(a).unwrap();
+                }
+                _ => alloc.empty_cache().unwrap(),
+            }
+            alloc.check_invariants().unwrap();
+            let views = alloc.view_allocations();
+            view_steps += usize::from(!views.is_empty());
+            let segments = alloc.segments();
+            alloc.with_backend(|d| check_device(segments, views, d));
+        }
+        for a in live {
+            alloc.free(a).unwrap();
+        }
+        alloc.empty_cache().unwrap();
+        assert!(alloc.view_allocations().is_empty());
+        assert_eq!(alloc.with_backend(|d| d.used()), 0, "run {run}");
+    }
+    assert!(
+        view_steps > 12 * 200 / 20,
+        "{view_steps} steps with a view allocation"
+    );
 }
