@@ -111,7 +111,7 @@ fn check(c: &CachingCore<SimDevice>) {
 }
 
 fn check_device(
-    segments: Vec<crate::SegmentInfo>,
+    segments: Vec<crate::policy::SegmentInfo>,
     views: Vec<(u64, u64, BlockPhase)>,
     d: &SimDevice,
 ) {
@@ -464,7 +464,7 @@ fn a_parked_view_allocation_stays_in_use_and_comes_back_from_the_thread_cache() 
         thread_cache_blocks: 8,
         ..stitching()
     };
-    let alloc = crate::Allocator::new(SimDevice::new(1 << 30), settings).unwrap();
+    let alloc = crate::frontend::Allocator::new(SimDevice::new(1 << 30), settings).unwrap();
     let a = alloc.malloc(4 * MIB, S).unwrap();
     let _x = alloc.malloc(2 * MIB, S).unwrap();
     let b = alloc.malloc(4 * MIB, S).unwrap();
@@ -670,7 +670,7 @@ fn the_checker_catches_a_held_piece_of_no_view() {
     c.blocks.get_mut(id).state = H;
     assert!(matches!(
         c.check_invariants(),
-        Err(crate::InvariantViolation::View { .. })
+        Err(crate::invariants::InvariantViolation::View { .. })
     ));
 }
 
@@ -753,7 +753,7 @@ fn random_runs_under_page_stitching_keep_every_invariant_and_no_byte_under_two_a
 /// The GPU test's example pass (`tests/gpu_stitching.rs`) through the front end under
 /// cachalot's policy with stitching: A 4, X 2, B 4, Y 2 MiB; free B and A; C 5 MiB; 1.5 MiB;
 /// everything freed in order.
-fn gpu_example_pass(alloc: &crate::Allocator<SimDevice>) {
+fn gpu_example_pass(alloc: &crate::frontend::Allocator<SimDevice>) {
     let mut live = Vec::new();
     for n in [4 * MIB, 2 * MIB, 4 * MIB, 2 * MIB] {
         live.push(alloc.malloc(n, S).unwrap());
@@ -774,7 +774,7 @@ fn gpu_example_pass(alloc: &crate::Allocator<SimDevice>) {
 #[test]
 fn the_gpu_tests_example_reaches_passes_with_no_device_call_under_cachalots_policy() {
     let settings = Settings::cachalot().apply("page_stitching:True").unwrap();
-    let alloc = crate::Allocator::new(SimDevice::new(1 << 30), settings).unwrap();
+    let alloc = crate::frontend::Allocator::new(SimDevice::new(1 << 30), settings).unwrap();
     gpu_example_pass(&alloc);
     // C is parked in the thread's cache: its view stays in use.
     assert_eq!(alloc.view_allocations().len(), 1);
@@ -808,7 +808,7 @@ fn random_runs_through_thread_caches_keep_view_allocations_parked_and_checked() 
             thread_cache_blocks: [1, 2, 8][run % 3],
             ..Settings::cachalot().apply("page_stitching:True").unwrap()
         };
-        let alloc = crate::Allocator::new(SimDevice::new(96 * MIB), settings).unwrap();
+        let alloc = crate::frontend::Allocator::new(SimDevice::new(96 * MIB), settings).unwrap();
         let mut live: Vec<u64> = Vec::new();
         for _ in 0..200 {
             match next(12) {
