@@ -131,6 +131,8 @@ fn block_difference(d: &SegmentState, o: &SegmentInfo) -> Option<String> {
             BlockPhase::Free => BlockStatus::Inactive,
             BlockPhase::Allocated => BlockStatus::ActiveAllocated,
             BlockPhase::Pending => BlockStatus::ActivePendingFree,
+            // Held by a stitched view in use (rule 23b): memory in use.
+            BlockPhase::Held => BlockStatus::ActiveAllocated,
         };
         let requested_differs =
             state == BlockStatus::ActiveAllocated && db.requested_size != ob.requested;

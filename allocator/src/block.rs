@@ -28,9 +28,10 @@ pub(crate) struct Range {
     pub page: u64,
 }
 
-/// What a block is doing: allocated, pending or free
-/// ([`BlockInfo::state`](crate::BlockInfo::state)). In a PyTorch snapshot the same three are
-/// `snapshot::BlockStatus`'s `active_allocated`, `active_pending_free` and `inactive`.
+/// What a block is doing: allocated, pending, free or held
+/// ([`BlockInfo::state`](crate::BlockInfo::state)). In a PyTorch snapshot the first three are
+/// `snapshot::BlockStatus`'s `active_allocated`, `active_pending_free` and `inactive`; a held
+/// block is memory in use, `active_allocated`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub enum BlockPhase {
     /// In its pool's free set: reusable on its stream.
@@ -39,6 +40,8 @@ pub enum BlockPhase {
     Allocated,
     /// Freed by the user, waiting for other streams' work (events) before it can be reused.
     Pending,
+    /// Held by a stitched view in use (rule 23b); listed with requested size 0.
+    Held,
 }
 
 /// What backs a block's addresses. Only a block of a range (rule 19) can be other than
@@ -53,6 +56,10 @@ pub(crate) enum Backing {
     /// Slots that map pages whose homes are elsewhere (rule 22a): in its pool's lent sets,
     /// never handed out as it is.
     Lent,
+    /// An allocation through a stitched view (rule 23d): the view's first `size` bytes, in no
+    /// segment or range (no neighbours), allocated or pending; its memory is the view's held
+    /// pieces at their homes.
+    View,
 }
 
 /// One block of device memory inside a segment.

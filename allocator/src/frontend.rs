@@ -354,6 +354,12 @@ impl<B: Backend> Allocator<B> {
         self.lock().core.segments()
     }
 
+    /// The live allocations made through stitched views (rule 23), as
+    /// [`CachingCore::view_allocations`] lists them.
+    pub fn view_allocations(&self) -> Vec<(u64, u64, crate::block::BlockPhase)> {
+        self.lock().core.view_allocations()
+    }
+
     /// Checks the core's invariants, and the thread caches': every block a thread holds is
     /// allocated in the core and belongs to exactly that thread; no cache is over capacity.
     pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
@@ -366,6 +372,14 @@ impl<B: Backend> Allocator<B> {
             .flat_map(|s| s.blocks.iter())
             .filter(|b| b.state == crate::block::BlockPhase::Allocated)
             .map(|b| b.address)
+            // Rule 23: allocations through stitched views are in no segment.
+            .chain(
+                g.core
+                    .view_allocations()
+                    .into_iter()
+                    .filter(|v| v.2 == crate::block::BlockPhase::Allocated)
+                    .map(|v| v.0),
+            )
             .collect();
         let mut seen = 0usize;
         for (i, local) in g.threads.iter().enumerate() {

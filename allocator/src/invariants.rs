@@ -12,6 +12,7 @@ use rustc_hash::FxHashMap;
 use crate::backend::{EventId, StreamId};
 use crate::block::{Backing, BlockId, BlockPhase, FreeKey, Range, Slab, UnmappedKey};
 use crate::policy::alias::{NO_PAGE, PageTable};
+use crate::policy::views::Views;
 use crate::sizes::{MIN_BLOCK_SIZE, Pool, SMALL_BUFFER};
 use crate::stats::{StatArray, Stats};
 
@@ -131,6 +132,15 @@ pub enum InvariantViolation {
         have: u32,
         /// The count recomputed.
         want: u32,
+    },
+    /// A stitched view, a view's allocation, a held piece or one of rule 23's indexes that
+    /// breaks rule 23j.
+    #[error("{address:#x}: {what} (rule 23, stitched views)")]
+    View {
+        /// The view, block or slot at fault (0 for an index as a whole).
+        address: u64,
+        /// What is wrong with it.
+        what: &'static str,
     },
     /// A block whose pool, stream or range is not its segment's.
     #[error("block {address:#x}: pool or stream differs from its segment")]
@@ -276,6 +286,7 @@ pub(crate) struct CoreParts<'a> {
     pub lent: &'a [BTreeSet<FreeKey>; 2],
     pub lent_at: &'a [BTreeSet<UnmappedKey>; 2],
     pub pages: Option<&'a PageTable>,
+    pub views: Option<&'a Views>,
     pub ranges: &'a BTreeMap<u64, Range>,
     pub live: &'a FxHashMap<u64, BlockId>,
     pub events: &'a BTreeMap<StreamId, VecDeque<(EventId, BlockId)>>,
@@ -328,7 +339,56 @@ pub(crate) fn check(parts: CoreParts<'_>) -> Result<(), InvariantViolation> {
             *pending_events.entry(id).or_default() += 1;
         }
     }
-    for (head, hb) in blocks.iter().filter(|(_, b)| b.prev.is_none()) {
+    // Rule 23d: a view's allocation is a block of no segment; it counts like any allocation.
+    for (id, b) in blocks.iter().filter(|(_, b)| b.backing == Backing::View) {
+        let p = b.pool.index();
+        seen += 1;
+        let view = |what| InvariantViolation::View {
+            address: b.address,
+            what,
+        };
+        let in_free = parts.free[p].contains(&(b.stream, b.size, b.address, id));
+        let in_live = parts.live.get(&b.address) == Some(&id);
+        if b.prev.is_some() || b.next.is_some() || b.range.is_some() || b.pool != Pool::Large {
+            return Err(view(
+                "a view allocation with neighbours, a range or the small pool",
+            ));
+        }
+        if parts
+            .views
+            .is_none_or(|v| !v.by_allocation.contains_key(&id))
+        {
+            return Err(view("a view allocation of no view in use"));
+        }
+        match b.state {
+            BlockPhase::Allocated if in_live && !in_free => {
+                t.allocation[p] += 1;
+                t.allocated_bytes[p] += b.size as i64;
+                if b.size >= parts.max_split {
+                    t.oversize_allocations += 1;
+                }
+            }
+            BlockPhase::Pending if !in_live && !in_free => {
+                let queued = pending_events.get(&id).copied().unwrap_or(0);
+                if queued == 0 || queued != b.event_count {
+                    return Err(InvariantViolation::PendingEvents {
+                        address: b.address,
+                        waits: b.event_count,
+                        queued,
+                    });
+                }
+            }
+            _ => return Err(view("a view allocation in the wrong state or index")),
+        }
+        t.active[p] += 1;
+        t.active_bytes[p] += b.size as i64;
+        t.requested[p] += b.requested as i64;
+    }
+    let mut held: Vec<BlockId> = Vec::new();
+    for (head, hb) in blocks
+        .iter()
+        .filter(|(_, b)| b.prev.is_none() && b.backing != Backing::View)
+    {
         let p = hb.pool.index();
         let (start, mut end) = (hb.address, hb.address);
         let mut cur = Some(head);
@@ -486,6 +546,17 @@ pub(crate) fn check(parts: CoreParts<'_>) -> Result<(), InvariantViolation> {
                         t.oversize_allocations += 1;
                     }
                 }
+                BlockPhase::Held => {
+                    // Rule 23b: a held piece is a block of a range in no index, counted in no
+                    // statistic of its own.
+                    if in_free || in_live || range.is_none() || parts.views.is_none() {
+                        return Err(InvariantViolation::View {
+                            address: b.address,
+                            what: "a held piece outside a range, or in an index",
+                        });
+                    }
+                    held.push(id);
+                }
                 BlockPhase::Pending => {
                     if in_free || in_live {
                         return Err(InvariantViolation::PendingIndex { address: b.address });
@@ -500,7 +571,7 @@ pub(crate) fn check(parts: CoreParts<'_>) -> Result<(), InvariantViolation> {
                     }
                 }
             }
-            if b.state != BlockPhase::Free {
+            if matches!(b.state, BlockPhase::Allocated | BlockPhase::Pending) {
                 t.active[p] += 1;
                 t.active_bytes[p] += b.size as i64;
                 t.requested[p] += b.requested as i64;
@@ -581,6 +652,9 @@ pub(crate) fn check(parts: CoreParts<'_>) -> Result<(), InvariantViolation> {
     }
     if let Some(table) = parts.pages {
         check_pages(&parts, table)?;
+    }
+    if let Some(views) = parts.views {
+        check_views(&parts, views, &mut held)?;
     }
     segments.sort_unstable();
     for w in segments.windows(2) {
@@ -690,6 +764,7 @@ fn check_pages(parts: &CoreParts<'_>, table: &PageTable) -> Result<(), Invariant
                     }
                 }
                 Backing::Lent => lent.entry(id).or_default().push((slot, base)),
+                Backing::View => return Err(slot_err(slot, "a view allocation in a range")),
             }
         }
     }
@@ -729,6 +804,160 @@ fn check_pages(parts: &CoreParts<'_>, table: &PageTable) -> Result<(), Invariant
                 });
             }
         }
+    }
+    Ok(())
+}
+
+/// Rule 23j, recomputed from the blocks: every view's slots map distinct pages whose homes are
+/// slots of mapped blocks of ranges of its stream (the large pool's, or the small pool's with
+/// the same page); a view in use holds exactly the pieces of rule 23b, a free view none; every
+/// held piece belongs to exactly one view in use; the views' bytes are their sum and within
+/// the cap; and every index of rule 23 holds exactly what it should.
+fn check_views(
+    parts: &CoreParts<'_>,
+    views: &Views,
+    held: &mut [BlockId],
+) -> Result<(), InvariantViolation> {
+    let blocks = parts.blocks;
+    let err = |address: u64, what: &'static str| InvariantViolation::View { address, what };
+    let page = views.page;
+    // The blocks of ranges by address, and each range's pool and stream.
+    let mut at: BTreeMap<u64, BlockId> = BTreeMap::new();
+    let mut owner: HashMap<u64, (Pool, StreamId)> = HashMap::new();
+    for (id, b) in blocks.iter() {
+        if let Some(base) = b.range {
+            at.insert(b.address, id);
+            if b.prev.is_none() {
+                owner.insert(base, (b.pool, b.stream));
+            }
+        }
+    }
+    let mut bytes = 0u64;
+    let mut homes_total = 0usize;
+    let mut pieces: Vec<BlockId> = Vec::new();
+    for (&seq, view) in &views.views {
+        let n = view.homes.len();
+        if n == 0 {
+            return Err(err(view.address, "a view of no slot"));
+        }
+        bytes += n as u64 * page;
+        homes_total += n;
+        let mut distinct: Vec<u64> = view.homes.iter().map(|h| h.1).collect();
+        distinct.sort_unstable();
+        if distinct.windows(2).any(|w| w[0] == w[1]) {
+            return Err(err(view.address, "a view maps one home twice"));
+        }
+        for &(base, home) in &view.homes {
+            let Some(range) = parts.ranges.get(&base) else {
+                return Err(err(home, "a view's home in no range"));
+            };
+            let (pool, stream) = owner
+                .get(&base)
+                .copied()
+                .unwrap_or((Pool::Small, view.stream));
+            if stream != view.stream
+                || range.page != page
+                || (pool == Pool::Small && range.page != SMALL_BUFFER)
+                || home < base
+                || !(home - base).is_multiple_of(page)
+                || home + page > base + range.size
+            {
+                return Err(err(
+                    home,
+                    "a view's home is not a slot of a range of its stream",
+                ));
+            }
+            // Every block over the home slot is mapped (its own memory).
+            let mut cur = at.range(..=home).next_back().map(|(_, &id)| id);
+            while let Some(id) = cur {
+                let b = blocks.get(id);
+                if b.address >= home + page {
+                    break;
+                }
+                if !b.mapped() {
+                    return Err(err(home, "a view's home slot is not mapped"));
+                }
+                cur = b.next;
+            }
+            if !views.by_home.contains(&(home, seq)) {
+                return Err(err(home, "a view's home missing from the home index"));
+            }
+        }
+        let in_free_index = views.free_by_size.contains(&(view.stream, n as u64, seq))
+            && views.lru.contains(&(view.stamp, seq));
+        match &view.in_use {
+            None => {
+                if !in_free_index {
+                    return Err(err(
+                        view.address,
+                        "a free view missing from the free indexes",
+                    ));
+                }
+            }
+            Some(u) => {
+                if in_free_index || views.by_allocation.get(&u.allocation) != Some(&seq) {
+                    return Err(err(view.address, "a view in use indexed wrongly"));
+                }
+                let a = blocks.get(u.allocation);
+                let r = a.size;
+                if a.backing != Backing::View
+                    || a.address != view.address
+                    || a.stream != view.stream
+                    || r.div_ceil(page) != n as u64
+                    || u.pieces.len() != n
+                {
+                    return Err(err(
+                        view.address,
+                        "a view in use and its allocation disagree",
+                    ));
+                }
+                for (i, (&pid, &(_, home))) in u.pieces.iter().zip(&view.homes).enumerate() {
+                    let want = if i + 1 < n {
+                        page
+                    } else {
+                        r - (n as u64 - 1) * page
+                    };
+                    let b = blocks.get(pid);
+                    if b.state != BlockPhase::Held || b.address != home || b.size != want {
+                        return Err(err(home, "a view in use does not hold its piece"));
+                    }
+                    pieces.push(pid);
+                }
+            }
+        }
+    }
+    if bytes != views.bytes || (bytes > 0 && bytes > views.cap) {
+        return Err(err(
+            0,
+            "the views' bytes are not their sum, or pass the cap",
+        ));
+    }
+    if views.by_home.len() != homes_total
+        || views.free_by_size.len() + views.by_allocation.len() != views.views.len()
+        || views.lru.len() != views.free_by_size.len()
+    {
+        return Err(err(0, "rule 23's indexes hold views that are not there"));
+    }
+    pieces.sort_unstable();
+    held.sort_unstable();
+    if pieces.windows(2).any(|w| w[0] == w[1]) || pieces != held {
+        return Err(err(
+            0,
+            "held pieces and the views in use do not match one to one",
+        ));
+    }
+    let free_blocks = parts.free[0].len() + parts.free[1].len();
+    if views.free_at.len() != free_blocks
+        || views.free_at.iter().any(|(&address, &id)| {
+            let b = blocks.get(id);
+            b.address != address
+                || !parts.free[b.pool.index()].contains(&(b.stream, b.size, b.address, id))
+        })
+    {
+        return Err(err(
+            0,
+            "the free blocks' address index is not the free sets",
+        ));
     }
     Ok(())
 }

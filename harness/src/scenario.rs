@@ -44,6 +44,10 @@ pub struct Knobs {
     /// the range grows. Drawn only with expandable segments and a reclaim headroom (without
     /// them it never acts).
     pub page_aliasing: bool,
+    /// `page_stitching` (rule 23): a large request over rule 20's limit is served from a
+    /// stitched view of free pages, kept for the next time. Not drawn yet (`false` in every
+    /// drawn scenario) until the model's side of rule 23 is merged.
+    pub page_stitching: bool,
 }
 
 impl Knobs {
@@ -62,6 +66,7 @@ impl Knobs {
             expandable_page: 20 * MIB,
             reclaim_headroom: None,
             page_aliasing: false,
+            page_stitching: false,
         }
     }
 }
@@ -158,6 +163,7 @@ impl<'a> Arbitrary<'a> for Knobs {
             expandable_page,
             reclaim_headroom,
             page_aliasing,
+            page_stitching: false,
         })
     }
 }

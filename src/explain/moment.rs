@@ -259,6 +259,9 @@ pub fn breakdown(stepper: &Stepper, origins: &[Origin], frames: &FrameTable) -> 
                     }
                 }
                 BlockPhase::Pending => pending += b.size,
+                // Held by a stitched view in use (rule 23b): memory in use, under the view's
+                // allocation (which no segment lists), so no tensor of its own.
+                BlockPhase::Held => live_bytes += b.size,
                 BlockPhase::Free => {
                     free_bytes += b.size;
                     row.free_bytes += b.size;

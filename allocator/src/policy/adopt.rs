@@ -146,10 +146,12 @@ impl<B: Backend> CachingCore<B> {
             }
             ids.push(id);
             let size = adopted.size;
+            if state == BlockPhase::Free {
+                self.free_insert(p, (segment.stream, size, address, id));
+            }
             let s = &mut self.stats;
             match state {
                 BlockPhase::Free => {
-                    self.free[p].insert((segment.stream, size, address, id));
                     if split {
                         s.inactive_split.increase(pool, 1);
                         s.inactive_split_bytes.increase(pool, size);
@@ -163,7 +165,9 @@ impl<B: Backend> CachingCore<B> {
                         s.oversize_allocations.increase(1);
                     }
                 }
-                BlockPhase::Pending => {}
+                // Rule 18 adopts free, allocated and pending blocks only (a held piece, rule
+                // 23b, is never adopted).
+                BlockPhase::Pending | BlockPhase::Held => {}
             }
             if state != BlockPhase::Free {
                 s.active.increase(pool, 1);

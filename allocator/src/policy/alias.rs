@@ -325,7 +325,8 @@ impl<B: Backend> CachingCore<B> {
         let b = self.blocks.get_mut(id);
         b.gc_base = gc_base;
         let key = (b.stream, b.size, b.address, id);
-        self.free[b.pool.index()].insert(key);
+        let p = b.pool.index();
+        self.free_insert(p, key);
         id
     }
 
@@ -636,11 +637,11 @@ impl<B: Backend> CachingCore<B> {
         };
         let key = (r.stream, r.size, r.address, rest);
         let p = r.pool.index();
-        self.free[p].remove(&key);
+        self.free_remove(p, &key);
         let _ = self.absorb_neighbours(rest, None, Some(next), Backing::Mapped);
         let b = self.blocks.get(rest);
         let key = (b.stream, b.size, b.address, rest);
-        self.free[p].insert(key);
+        self.free_insert(p, key);
     }
 }
 

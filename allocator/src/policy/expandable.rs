@@ -154,7 +154,7 @@ impl<B: Backend> CachingCore<B> {
         }
         let b = self.blocks.get(start);
         let key = (b.stream, b.size, b.address, start);
-        self.free[pool.index()].remove(&key);
+        self.free_remove(pool.index(), &key);
         Ok(Some(start))
     }
 
@@ -192,6 +192,7 @@ impl<B: Backend> CachingCore<B> {
                 Backing::Mapped => b.state == BlockPhase::Free,
                 Backing::Unmapped => true,
                 Backing::Lent => self.lent_all_usable(id),
+                Backing::View => false,
             }
         };
         let unmapped = self.unmapped[p]
@@ -341,7 +342,7 @@ impl<B: Backend> CachingCore<B> {
         let b = self.blocks.get_mut(id);
         b.gc_base = gc_base;
         let key = (b.stream, b.size, b.address, id);
-        self.free[p].insert(key);
+        self.free_insert(p, key);
         (id, rest)
     }
 
@@ -388,7 +389,7 @@ impl<B: Backend> CachingCore<B> {
         };
         let p = pool.index();
         let end = start + bytes;
-        self.free[p].remove(&(stream, size, address, id));
+        self.free_remove(p, &(stream, size, address, id));
         let gc_base = self.searches[p];
         let piece =
             |address: u64, size: u64| Block::free(address, size, stream, pool, gc_base, Some(base));
@@ -403,7 +404,7 @@ impl<B: Backend> CachingCore<B> {
                 self.blocks.get_mut(pp).next = Some(before);
             }
             self.blocks.get_mut(id).prev = Some(before);
-            self.free[p].insert((stream, start - address, address, before));
+            self.free_insert(p, (stream, start - address, address, before));
         }
         if address + size > end {
             let next = self.blocks.get(id).next;
@@ -416,7 +417,7 @@ impl<B: Backend> CachingCore<B> {
                 self.blocks.get_mut(nn).prev = Some(after);
             }
             self.blocks.get_mut(id).next = Some(after);
-            self.free[p].insert((stream, address + size - end, end, after));
+            self.free_insert(p, (stream, address + size - end, end, after));
         }
         {
             let b = self.blocks.get_mut(id);
@@ -440,6 +441,10 @@ impl<B: Backend> CachingCore<B> {
             return Ok(());
         };
         let bytes = end - first;
+        // Rule 23h: the views mapping these home slots go first.
+        if self.views.is_some() {
+            self.destroy_views_over(first, end)?;
+        }
         self.backend.unmap(first, bytes, stream)?;
         let (prev, next) = self.cut_out(id, first, bytes, Backing::Unmapped);
         self.pages_unmapped(base, first, bytes, true);

@@ -25,6 +25,9 @@ pub(crate) mod alias;
 use alias::PageTable;
 mod expandable;
 mod release;
+pub(crate) mod views;
+
+use views::Views;
 #[cfg(test)]
 mod tests;
 
@@ -65,6 +68,8 @@ pub struct SegmentInfo {
 enum Found {
     Free(FreeKey),
     Lent(FreeKey),
+    /// A usable free stitched view, by its number (rule 23d).
+    View(u64),
 }
 
 /// A request that found no cached block (rule 7), as the steps after it need it.
@@ -97,6 +102,9 @@ pub struct CachingCore<B: Backend> {
     lent_at: [BTreeSet<UnmappedKey>; 2],
     /// The page table (rule 22a): present only while page aliasing acts.
     pages: Option<PageTable>,
+    /// The stitched views and their indexes (rule 23): present only while page stitching
+    /// acts.
+    views: Option<Views>,
     /// The ranges of expandable segments, by first address (rule 19).
     ranges: BTreeMap<u64, Range>,
     live: FxHashMap<u64, BlockId>,
@@ -134,7 +142,17 @@ impl<B: Backend> CachingCore<B> {
                 reason: "cachalot is itself a native caching allocator; backend:cudaMallocAsync is not offered",
             });
         }
+        if settings.page_stitching && settings.page_aliasing {
+            return Err(Error::Unsupported {
+                key: "page_stitching",
+                reason: "stitched views (rule 23) cannot be on together with page aliasing (rule 22)",
+            });
+        }
         let fraction = settings.per_process_memory_fraction;
+        let stitching = settings.page_stitching
+            && settings.expandable_segments
+            && settings.reclaim_headroom.is_some();
+        let stitch_page = expandable::page_size(Pool::Large, settings.expandable_page_size);
         let aliasing = settings.page_aliasing
             && settings.expandable_segments
             && settings.reclaim_headroom.is_some();
@@ -148,6 +166,7 @@ impl<B: Backend> CachingCore<B> {
             lent: [BTreeSet::new(), BTreeSet::new()],
             lent_at: [BTreeSet::new(), BTreeSet::new()],
             pages: aliasing.then(PageTable::default),
+            views: stitching.then(|| Views::new(stitch_page)),
             ranges: BTreeMap::new(),
             live: FxHashMap::default(),
             events: BTreeMap::new(),
@@ -377,6 +396,13 @@ impl<B: Backend> CachingCore<B> {
                 return self.grow(pool, stream, rounded, Some(limit));
             }
             if let Some(headroom) = self.settings.reclaim_headroom {
+                // Rule 23f: over the limit, a large request is served from a new view first.
+                if pool == Pool::Large
+                    && self.views.is_some()
+                    && let Some(id) = self.stitch(stream, rounded, size, headroom)?
+                {
+                    return Ok(Some(id));
+                }
                 self.reclaim(pool, stream, rounded, size, headroom)?;
             }
             self.grow(pool, stream, rounded, None)
@@ -440,19 +466,31 @@ impl<B: Backend> CachingCore<B> {
         }
         match self.find_free_block(pool, stream, rounded)? {
             Found::Free(key) => {
-                self.free[p].remove(&key);
+                self.free_remove(p, &key);
                 Some((key.3, false))
             }
             Found::Lent(key) => {
                 let k = rounded.div_ceil(self.page_of(pool));
                 Some((self.rehome(key.3, k), true))
             }
+            Found::View(seq) => Some((self.take_view(seq, rounded), false)),
         }
     }
 
-    /// Rule 6's search (with rule 19a's walk by reach and rule 22d's lent candidates): the
-    /// block to hand out, or `None`. Changes nothing.
+    /// Rule 6's search (with rule 19a's walk by reach, rule 22d's lent candidates and, when
+    /// that finds nothing for a large-pool request, rule 23d's stitched views): the block to
+    /// hand out, or `None`. Changes nothing.
     fn find_free_block(&self, pool: Pool, stream: StreamId, rounded: u64) -> Option<Found> {
+        let found = self.find_cached_block(pool, stream, rounded);
+        if found.is_none() && pool == Pool::Large && self.views.is_some() {
+            return self.find_view(stream, rounded).map(Found::View);
+        }
+        found
+    }
+
+    /// Rule 6's search (with rule 19a's walk by reach and rule 22d's lent candidates),
+    /// oversize checks included. Changes nothing.
+    fn find_cached_block(&self, pool: Pool, stream: StreamId, rounded: u64) -> Option<Found> {
         let free = self.free_candidate(pool, stream, rounded);
         let found = if self.pages.is_some() {
             // Rule 22d: a lent block smaller by (size, address) than rule 19a's candidate wins.
@@ -467,6 +505,7 @@ impl<B: Backend> CachingCore<B> {
         };
         let size = match found {
             Found::Free(k) | Found::Lent(k) => k.1,
+            Found::View(_) => return Some(found),
         };
         let max_split = self.settings.max_split_size;
         if rounded < max_split && size >= max_split {
@@ -579,7 +618,7 @@ impl<B: Backend> CachingCore<B> {
             let b = self.blocks.get_mut(id);
             b.next = Some(rest);
             b.size = rounded;
-            self.free[pool.index()].insert((stream, remaining, address + rounded, rest));
+            self.free_insert(pool.index(), (stream, remaining, address + rounded, rest));
             if in_range.is_some() {
                 // Rule 19d: blocks of ranges never count as inactive split.
             } else if already_split {
@@ -690,6 +729,9 @@ impl<B: Backend> CachingCore<B> {
 
     /// Rule 10: merge with free neighbours and enter the free set.
     fn return_to_pool(&mut self, id: BlockId) {
+        if self.views.is_some() && self.blocks.get(id).backing == Backing::View {
+            return self.return_view(id);
+        }
         let (pool, original_size, requested, prev, next) = {
             let b = self.blocks.get(id);
             (b.pool, b.size, b.requested, b.prev, b.next)
@@ -719,7 +761,7 @@ impl<B: Backend> CachingCore<B> {
         }
         let in_range = b.range.is_some();
         let key = (b.stream, b.size, b.address, id);
-        self.free[p].insert(key);
+        self.free_insert(p, key);
         let s = &mut self.stats;
         // Rule 19d: blocks of ranges never count as inactive split.
         if !in_range {
@@ -781,13 +823,13 @@ impl<B: Backend> CachingCore<B> {
     fn forget_free(&mut self, b: &Block, id: BlockId) {
         let p = b.pool.index();
         match b.backing {
-            Backing::Mapped => {
-                self.free[p].remove(&(b.stream, b.size, b.address, id));
-            }
+            Backing::Mapped => self.free_remove(p, &(b.stream, b.size, b.address, id)),
             Backing::Unmapped => {
                 self.unmapped[p].remove(&(b.stream, b.address, id));
             }
             Backing::Lent => self.unindex_lent(b, id),
+            // A view's allocation has no neighbours (rule 23d): never taken in.
+            Backing::View => {}
         }
     }
 
@@ -875,6 +917,7 @@ impl<B: Backend> CachingCore<B> {
             lent: &self.lent,
             lent_at: &self.lent_at,
             pages: self.pages.as_ref(),
+            views: self.views.as_ref(),
             ranges: &self.ranges,
             live: &self.live,
             events: &self.events,

@@ -26,6 +26,10 @@ impl<B: Backend> CachingCore<B> {
                 self.retire_event(stream, event, id);
             }
         }
+        // Rule 23h: every free view first, in the order made.
+        if self.views.is_some() {
+            self.destroy_free_views()?;
+        }
         // Rule 19e: per pool, whole segments first, then (rule 22g) the lent blocks, then the
         // free pages of ranges.
         for pool in [Pool::Large, Pool::Small] {
@@ -67,7 +71,7 @@ impl<B: Backend> CachingCore<B> {
         self.backend.free(address, size)?;
         self.stats.num_device_free += 1;
         self.trace(TraceAction::SegmentFree, address, size, stream);
-        self.free[pool.index()].remove(&(stream, size, address, id));
+        self.free_remove(pool.index(), &(stream, size, address, id));
         self.blocks.remove(id);
         self.reserved -= size;
         self.stats.segment.decrease(pool, 1);

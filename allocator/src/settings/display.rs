@@ -99,6 +99,14 @@ impl Settings {
                 bool_word(self.page_aliasing)
             ));
         }
+        // Rule 23: stitched views need expandable segments too, and are named only with them.
+        if self.expandable_segments && self.page_stitching != d.page_stitching {
+            parts.push(format!(
+                "{}:{}",
+                Key::PageStitching.name(),
+                bool_word(self.page_stitching)
+            ));
+        }
         parts.join(",")
     }
 }

@@ -110,6 +110,7 @@ impl fmt::Display for AllocatorBackend {
 /// | `expandable_page_mb` | even integer in \[2, 1024\] (cachalot's own key) | [`Settings::expandable_page_size`] = N MiB |
 /// | `reclaim_headroom` | decimal in \[0, 1\], or `off` (cachalot's own key) | [`Settings::reclaim_headroom`] |
 /// | `page_aliasing` | `True` / `False` (cachalot's own key; `True` needs `expandable_segments:True`) | [`Settings::page_aliasing`] |
+/// | `page_stitching` | `True` / `False` (cachalot's own key; `True` needs `expandable_segments:True` and refuses `page_aliasing:True`) | [`Settings::page_stitching`] |
 /// | `release_lock_on_cudamalloc` | `True` / `False` | nothing: only `False` is accepted (below) |
 /// | `pinned_use_cuda_host_register` | `True` / `False` | nothing: only `False` is accepted (below) |
 /// | `pinned_num_register_threads` | power of two ≤ 128 | nothing: only `1` is accepted (below) |
@@ -203,6 +204,16 @@ pub struct Settings {
     /// `page_aliasing:True` without it, and a string that turns expandable segments off turns
     /// it off too unless it names it) and acts only with [`Settings::reclaim_headroom`].
     pub page_aliasing: bool,
+    /// cachalot's own policy: stitched views (rule 23; `page_stitching`). With it, a large
+    /// request that would take reserved memory past rule 20's limit is served from a *view*: a
+    /// reservation of its own whose slots map free pages of the stream's ranges a second time,
+    /// kept for the next time the same request comes, so that a loop whose allocations repeat
+    /// reaches a steady state with no driver call. Off by default, in cachalot's policy too
+    /// (for now). It needs [`Settings::expandable_segments`] (the parser refuses
+    /// `page_stitching:True` without it, and a string that turns expandable segments off turns
+    /// it off too unless it names it), cannot be on with [`Settings::page_aliasing`] (the
+    /// parser refuses the two together) and acts only with [`Settings::reclaim_headroom`].
+    pub page_stitching: bool,
 }
 
 /// cachalot's default for [`Settings::thread_cache_blocks`].
@@ -300,6 +311,7 @@ impl Settings {
             expandable_page_size: PYTORCH_EXPANDABLE_PAGE,
             reclaim_headroom: None,
             page_aliasing: false,
+            page_stitching: false,
         }
     }
 
@@ -321,6 +333,7 @@ impl Settings {
             expandable_page_size: CACHALOT_EXPANDABLE_PAGE,
             reclaim_headroom: Some(RECLAIM_HEADROOM),
             page_aliasing: false,
+            page_stitching: false,
             ..Settings::pytorch()
         }
     }

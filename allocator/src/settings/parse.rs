@@ -27,6 +27,8 @@ impl Settings {
         // Whether the string itself asks for `page_aliasing:True` (its last occurrence), which
         // needs expandable segments (rule 22), checked once the whole string is applied.
         let mut asks_aliasing = false;
+        // The same for `page_stitching:True` (rule 23).
+        let mut asks_stitching = false;
         loop {
             let Some(name) = cursor.word() else {
                 let reason = if cursor.peek().is_none() {
@@ -50,8 +52,11 @@ impl Settings {
             if key == Key::PageAliasing {
                 asks_aliasing = out.page_aliasing;
             }
+            if key == Key::PageStitching {
+                asks_stitching = out.page_stitching;
+            }
             match cursor.peek_tok() {
-                None => return out.finish(asks_aliasing),
+                None => return out.finish(asks_aliasing, asks_stitching),
                 Some(Tok::Comma) => cursor.advance(),
                 Some(_) => {
                     return Err(syntax(
@@ -64,11 +69,23 @@ impl Settings {
         }
     }
 
-    /// The checks between keys, once a whole string is applied: `page_aliasing` needs
-    /// `expandable_segments:True` (rule 22). A string that asks for it (`asked`) without
-    /// expandable segments is refused; one that turns expandable segments off without naming
-    /// it turns the aliasing it inherited off too.
-    fn finish(mut self, asked: bool) -> Result<Settings, SettingsError> {
+    /// The checks between keys, once a whole string is applied: `page_aliasing` and
+    /// `page_stitching` need `expandable_segments:True` (rules 22, 23). A string that asks for
+    /// one (`asked`, `asked_stitching`) without expandable segments is refused; one that turns
+    /// expandable segments off without naming it turns what it inherited off too. The two
+    /// cannot be on together (rule 23): such settings are refused.
+    fn finish(mut self, asked: bool, asked_stitching: bool) -> Result<Settings, SettingsError> {
+        if self.page_stitching && !self.expandable_segments {
+            if asked_stitching {
+                return Err(invalid(
+                    Key::PageStitching,
+                    "True",
+                    "stitched views need expandable_segments:True (a view maps pages of \
+                     expandable segments' ranges a second time)",
+                ));
+            }
+            self.page_stitching = false;
+        }
         if self.page_aliasing && !self.expandable_segments {
             if asked {
                 return Err(invalid(
@@ -79,6 +96,14 @@ impl Settings {
                 ));
             }
             self.page_aliasing = false;
+        }
+        if self.page_stitching && self.page_aliasing {
+            return Err(invalid(
+                Key::PageStitching,
+                "True",
+                "page_stitching cannot be on together with page_aliasing:True (rule 23 keeps \
+                 every page at its home; rule 22 moves homes)",
+            ));
         }
         Ok(self)
     }
@@ -104,6 +129,7 @@ impl Settings {
             Key::RoundupDivisions => parse_divisions(cursor, &mut self.roundup_power2_divisions)?,
             Key::ExpandableSegments => self.expandable_segments = parse_bool(cursor, key)?,
             Key::PageAliasing => self.page_aliasing = parse_bool(cursor, key)?,
+            Key::PageStitching => self.page_stitching = parse_bool(cursor, key)?,
             Key::MemoryFraction => {
                 let v = scalar(cursor, key)?;
                 let x = check_fraction(parse_f64(key, v)?).map_err(|r| invalid(key, v, r))?;
@@ -178,11 +204,12 @@ pub(super) enum Key {
     ExpandablePage,
     ReclaimHeadroom,
     PageAliasing,
+    PageStitching,
 }
 
 impl Key {
     /// Every key.
-    pub(super) const ALL: [Key; 15] = [
+    pub(super) const ALL: [Key; 16] = [
         Key::MaxSplitSize,
         Key::MaxNonSplitRounding,
         Key::GcThreshold,
@@ -198,6 +225,7 @@ impl Key {
         Key::ExpandablePage,
         Key::ReclaimHeadroom,
         Key::PageAliasing,
+        Key::PageStitching,
     ];
 
     /// The key as written in a configuration string.
@@ -218,6 +246,7 @@ impl Key {
             Key::ExpandablePage => "expandable_page_mb",
             Key::ReclaimHeadroom => "reclaim_headroom",
             Key::PageAliasing => "page_aliasing",
+            Key::PageStitching => "page_stitching",
         }
     }
 

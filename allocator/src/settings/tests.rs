@@ -1092,6 +1092,113 @@ fn page_aliasing_is_printed_only_beside_expandable_segments() {
 }
 
 #[test]
+fn page_stitching_is_read_as_a_boolean_over_expandable_segments() {
+    // Rule 23: off in cachalot's defaults and in PyTorch's, spelled True or False.
+    assert!(!Settings::cachalot().page_stitching);
+    assert!(!Settings::pytorch().page_stitching);
+    assert!(!parse("").page_stitching);
+    assert!(parse("page_stitching:True").page_stitching);
+    assert!(!parse("page_stitching:False").page_stitching);
+    assert!(parse("page_stitching:False,page_stitching:True").page_stitching);
+    let over_pytorch = |s: &str| Settings::pytorch().apply(s);
+    let s = over_pytorch("expandable_segments:True,page_stitching:True").unwrap();
+    assert!(s.page_stitching && s.expandable_segments && !s.page_aliasing);
+    assert_eq!(
+        over_pytorch("page_stitching:True,expandable_segments:True"),
+        Ok(s)
+    );
+    for bad in ["true", "1", "on", "TRUE", ""] {
+        assert!(
+            Settings::parse(&format!("page_stitching:{bad}")).is_err(),
+            "{bad} accepted"
+        );
+    }
+}
+
+#[test]
+fn page_stitching_without_expandable_segments_is_refused() {
+    let reason = "stitched views need expandable_segments:True (a view maps pages of \
+                  expandable segments' ranges a second time)";
+    for s in [
+        "expandable_segments:False,page_stitching:True",
+        "page_stitching:True,expandable_segments:False",
+        "page_stitching:False,page_stitching:True,expandable_segments:False",
+    ] {
+        assert_invalid(s, "page_stitching", "True", reason);
+    }
+    assert_eq!(
+        Settings::pytorch()
+            .apply("page_stitching:True")
+            .unwrap_err(),
+        SettingsError::InvalidValue {
+            key: "page_stitching".into(),
+            value: "True".into(),
+            reason: reason.into(),
+        }
+    );
+    // Inherited and not named, it is turned off with expandable segments.
+    let on = parse("page_stitching:True");
+    let off = on.apply("expandable_segments:False").unwrap();
+    assert!(!off.page_stitching && !off.expandable_segments);
+    assert!(
+        !off.apply("expandable_segments:True")
+            .unwrap()
+            .page_stitching
+    );
+}
+
+#[test]
+fn page_stitching_beside_page_aliasing_is_refused() {
+    let reason = "page_stitching cannot be on together with page_aliasing:True (rule 23 keeps \
+                  every page at its home; rule 22 moves homes)";
+    for s in [
+        "page_stitching:True,page_aliasing:True",
+        "page_aliasing:True,page_stitching:True",
+        "expandable_segments:True,page_aliasing:True,reclaim_headroom:0.1,page_stitching:True",
+    ] {
+        assert_invalid(s, "page_stitching", "True", reason);
+    }
+    // Over settings that already have one, asking for the other is refused too; turning the
+    // first off in the same string is accepted.
+    let aliasing = parse("page_aliasing:True");
+    assert!(aliasing.apply("page_stitching:True").is_err());
+    let s = aliasing
+        .apply("page_aliasing:False,page_stitching:True")
+        .unwrap();
+    assert!(s.page_stitching && !s.page_aliasing);
+    let stitching = parse("page_stitching:True");
+    assert!(stitching.apply("page_aliasing:True").is_err());
+    let e = err("page_stitching:True,page_aliasing:True").to_string();
+    assert!(
+        e.contains("page_stitching") && e.contains("page_aliasing"),
+        "{e}"
+    );
+}
+
+#[test]
+fn page_stitching_is_printed_only_when_on_beside_expandable_segments() {
+    assert!(!Settings::cachalot().to_string().contains("page_stitching"));
+    let stitching = Settings {
+        page_stitching: true,
+        ..Settings::cachalot()
+    };
+    assert_eq!(stitching.to_string(), "page_stitching:True");
+    let shown = stitching.config_over(&Settings::pytorch());
+    assert!(shown.ends_with(",page_stitching:True"), "{shown}");
+    assert_eq!(Settings::pytorch().apply(&shown), Ok(stitching));
+    assert_eq!(parse("page_stitching:False").to_string(), "");
+    let fallback = Settings {
+        expandable_segments: false,
+        page_stitching: true,
+        ..Settings::cachalot()
+    };
+    let shown = fallback.config_over(&Settings::pytorch());
+    assert!(!shown.contains("page_stitching"), "{shown}");
+    let back = Settings::pytorch().apply(&shown).unwrap();
+    assert!(!back.page_stitching);
+}
+
+#[test]
 fn displayed_lists_do_not_depend_on_the_table_they_are_applied_over() {
     let s = parse("roundup_power2_divisions:[128:8,256:16,512:1,2048:8,>:2]");
     let base = parse("roundup_power2_divisions:64");
@@ -1117,6 +1224,7 @@ fn token_soup() -> impl Strategy<Value = String> {
         "native",
         "cudaMallocAsync",
         "page_aliasing",
+        "page_stitching",
         "[",
         "]",
         ":",
@@ -1207,6 +1315,7 @@ fn config_string() -> impl Strategy<Value = String> {
             .prop_map(|b| format!("backend:{b}")),
         (0u64..1100).prop_map(|n| format!("thread_cache_blocks:{n}")),
         bool_word().prop_map(|b| format!("page_aliasing:{b}")),
+        bool_word().prop_map(|b| format!("page_stitching:{b}")),
     ];
     prop::collection::vec(pair, 0..8).prop_map(|v| v.join(","))
 }
@@ -1242,9 +1351,10 @@ fn valid_settings() -> impl Strategy<Value = Settings> {
         (1u64..=512).prop_map(|n| n * 2 * MB),
         prop::option::of(0.0f64..=1.0),
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
-            |(msz, nsr, gc, table, exp, frac, backend, page, reclaim, alias)| Settings {
+            |(msz, nsr, gc, table, exp, frac, backend, page, reclaim, alias, stitch)| Settings {
                 max_split_size: msz,
                 max_non_split_rounding_size: nsr,
                 garbage_collection_threshold: gc,
@@ -1257,6 +1367,8 @@ fn valid_settings() -> impl Strategy<Value = Settings> {
                 reclaim_headroom: reclaim,
                 // The parser never gives aliasing without expandable segments (rule 22).
                 page_aliasing: alias && exp,
+                // Nor stitching without them, nor beside aliasing (rule 23).
+                page_stitching: stitch && exp && !alias,
             },
         )
 }

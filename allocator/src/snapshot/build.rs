@@ -118,6 +118,8 @@ pub fn block_status(state: crate::block::BlockPhase) -> BlockStatus {
         crate::block::BlockPhase::Free => BlockStatus::Inactive,
         crate::block::BlockPhase::Allocated => BlockStatus::ActiveAllocated,
         crate::block::BlockPhase::Pending => BlockStatus::ActivePendingFree,
+        // Held by a stitched view in use (rule 23b): memory in use.
+        crate::block::BlockPhase::Held => BlockStatus::ActiveAllocated,
     }
 }
 

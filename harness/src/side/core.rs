@@ -26,6 +26,7 @@ pub fn settings(knobs: &Knobs) -> Settings {
     s.expandable_page_size = knobs.expandable_page;
     s.reclaim_headroom = knobs.reclaim_headroom;
     s.page_aliasing = knobs.page_aliasing;
+    s.page_stitching = knobs.page_stitching;
     s
 }
 
@@ -51,6 +52,7 @@ impl Knobs {
             expandable_page: settings.expandable_page_size,
             reclaim_headroom: settings.reclaim_headroom,
             page_aliasing: settings.page_aliasing,
+            page_stitching: settings.page_stitching,
         };
         let back = self::settings(&knobs);
         if back != *settings {
@@ -161,6 +163,7 @@ pub(super) fn layout(segments: Vec<SegmentInfo>) -> Vec<SegmentView> {
                         BlockPhase::Free => BlockKind::Free,
                         BlockPhase::Allocated => BlockKind::Allocated,
                         BlockPhase::Pending => BlockKind::Pending,
+                        BlockPhase::Held => BlockKind::Held,
                     };
                     BlockView {
                         address: b.address,
@@ -295,44 +298,68 @@ impl Side for CoreSide {
 
     fn check_invariants(&self) -> Result<(), String> {
         self.core.check_invariants().map_err(|e| e.to_string())?;
-        distinct_pages_under_live_blocks(&self.core.segments(), self.core.backend())
+        disjoint_bytes_under_live_allocations(
+            &self.core.segments(),
+            &self.core.view_allocations(),
+            self.core.backend(),
+        )
     }
 }
 
-/// Rule 22i on the device's own page table: the pages mapped at the slots under the
-/// allocator's live (allocated or pending) blocks of expandable segments are pairwise distinct
-/// — no page lies under two live blocks, whatever addresses map it. (Live blocks within one
-/// slot share its page: each slot counts once.)
-pub(super) fn distinct_pages_under_live_blocks(
+/// Rules 22i and 23i on the device's own page table: the physical bytes under the allocator's
+/// live allocations — its allocated or pending blocks of expandable segments, at their homes,
+/// and its allocations through stitched views (`views`: address, bytes), through the view's
+/// own slots — are pairwise disjoint, as `(page, byte range within the page)` sets, whatever
+/// addresses map the pages. Byte-precise: a view's allocation may use the first `t` bytes of
+/// a page whose other bytes are under another live block. (Held pieces, rule 23b, are the
+/// homes of a view allocation's bytes, not allocations of their own.)
+pub(super) fn disjoint_bytes_under_live_allocations(
     segments: &[SegmentInfo],
+    views: &[(u64, u64, BlockPhase)],
     device: &SimDevice,
 ) -> Result<(), String> {
-    let mut pages: Vec<(cachalot::PageId, u64, u64)> = Vec::new();
+    // (page, first byte, end byte, the allocation's address)
+    let mut pieces: Vec<(cachalot::PageId, u64, u64, u64)> = Vec::new();
+    let mut add = |address: u64, size: u64| -> Result<(), String> {
+        let mut at = address;
+        while at < address + size {
+            let found = device
+                .slot_at(at)
+                .and_then(|(slot, page)| Some((slot, page, device.page_at(slot)?)));
+            let Some((slot, page, id)) = found else {
+                return Err(format!(
+                    "rules 22i, 23i: live allocation {address:#x} has nothing mapped at {at:#x}"
+                ));
+            };
+            let end = (address + size).min(slot + page);
+            pieces.push((id, at - slot, end - slot, address));
+            at = end;
+        }
+        Ok(())
+    };
     for s in segments.iter().filter(|s| s.expandable) {
-        for b in s.blocks.iter().filter(|b| b.state != BlockPhase::Free) {
-            let mut at = b.address;
-            while at < b.address + b.size {
-                let found = device
-                    .slot_at(at)
-                    .and_then(|(slot, page)| Some((slot, page, device.page_at(slot)?)));
-                let Some((slot, page, id)) = found else {
-                    return Err(format!(
-                        "rule 22i: live block {:#x} has nothing mapped at {at:#x}",
-                        b.address
-                    ));
-                };
-                pages.push((id, slot, b.address));
-                at = slot + page;
-            }
+        for b in s
+            .blocks
+            .iter()
+            .filter(|b| matches!(b.state, BlockPhase::Allocated | BlockPhase::Pending))
+        {
+            add(b.address, b.size)?;
         }
     }
-    pages.sort_unstable();
-    pages.dedup_by_key(|&mut (id, slot, _)| (id, slot));
-    for w in pages.windows(2) {
-        if w[0].0 == w[1].0 {
+    for &(address, size, _) in views {
+        add(address, size)?;
+    }
+    pieces.sort_unstable();
+    for w in pieces.windows(2) {
+        if w[0].0 == w[1].0 && w[0].2 > w[1].1 {
             return Err(format!(
-                "rule 22i: page {:?} lies under live blocks {:#x} and {:#x} (device page table)",
-                w[0].0, w[0].2, w[1].2
+                "rules 22i, 23i: bytes [{:#x}, {:#x}) of page {:?} lie under live allocations \
+                 {:#x} and {:#x} (device page table)",
+                w[1].1,
+                w[0].2.min(w[1].2),
+                w[0].0,
+                w[0].3,
+                w[1].3
             ));
         }
     }
@@ -425,5 +452,65 @@ mod tests {
         }
         assert_eq!(seen_pages.len(), 2);
         assert_eq!(seen_headrooms.len(), 4);
+    }
+
+    #[test]
+    fn page_stitching_becomes_a_knob_and_is_not_drawn_yet() {
+        let parsed = Settings::pytorch()
+            .apply("expandable_segments:True,reclaim_headroom:0.25,page_stitching:True")
+            .unwrap();
+        let knobs = Knobs::from_settings(&parsed, 1 << 30).unwrap();
+        assert!(knobs.page_stitching && !knobs.page_aliasing);
+        assert_eq!(settings(&knobs), parsed);
+        assert!(!Knobs::pytorch(1 << 30).page_stitching);
+        for seed in 0..500u32 {
+            let bytes: Vec<u8> = (0..64u32)
+                .map(|i| (seed.wrapping_mul(2_654_435_761) ^ i.wrapping_mul(40_503)) as u8)
+                .collect();
+            assert!(
+                !Knobs::arbitrary(&mut Unstructured::new(&bytes))
+                    .unwrap()
+                    .page_stitching
+            );
+        }
+    }
+
+    #[test]
+    fn the_device_check_is_byte_precise_over_views_and_homes() {
+        // Rule 23's holes: A 4, X 2, B 4, Y 2 MiB, A and B freed; a 5 MiB view allocation
+        // holds 1 MiB of the page at 6 MiB, whose other bytes a 1.5 MiB block then takes.
+        let knobs = Knobs {
+            expandable_segments: true,
+            expandable_page: 2 * MIB,
+            reclaim_headroom: Some(0.0),
+            page_stitching: true,
+            ..Knobs::pytorch(1 << 30)
+        };
+        let mut core = CachingCore::new(device(&knobs), settings(&knobs)).unwrap();
+        let s = StreamId(0);
+        let a = core.malloc(4 * MIB, s).unwrap();
+        let _x = core.malloc(2 * MIB, s).unwrap();
+        let b = core.malloc(4 * MIB, s).unwrap();
+        let _y = core.malloc(2 * MIB, s).unwrap();
+        core.free(a).unwrap();
+        core.free(b).unwrap();
+        let v = core.malloc(5 * MIB, s).unwrap();
+        let small = core.malloc(3 * MIB / 2, s).unwrap();
+        assert_eq!(small, b + MIB, "the rest of the view's last page");
+        let views = core.view_allocations();
+        assert_eq!(views.len(), 1);
+        let segments = core.segments();
+        disjoint_bytes_under_live_allocations(&segments, &views, core.backend()).unwrap();
+        // A view allocation one byte-range too long would overlap the block beside its piece.
+        let mut wrong = views.clone();
+        wrong[0].1 += 512;
+        let err =
+            disjoint_bytes_under_live_allocations(&segments, &wrong, core.backend()).unwrap_err();
+        assert!(err.contains("rules 22i, 23i"), "{err}");
+        // The same page counted whole (as the old check did) would have refused the layout.
+        assert_eq!(
+            core.backend().page_at(v + 4 * MIB),
+            core.backend().page_at(small)
+        );
     }
 }

@@ -193,6 +193,8 @@ pub enum BlockKind {
     Allocated,
     /// Freed, waiting for other streams' work.
     Pending,
+    /// Held by a stitched view in use (rule 23b).
+    Held,
 }
 
 /// One block as a side reports it.

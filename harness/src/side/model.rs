@@ -23,6 +23,7 @@ pub fn model_config(knobs: &Knobs) -> ModelConfig {
     c.expandable_page = knobs.expandable_page;
     c.reclaim_headroom = knobs.reclaim_headroom;
     c.page_aliasing = knobs.page_aliasing;
+    // page_stitching: mapped onto the model's config on the model's branch
     c
 }
 

@@ -14,7 +14,7 @@ use std::thread::JoinHandle;
 use cachalot::{Allocator, SimDevice, StreamId};
 
 use super::core::{
-    device, distinct_pages_under_live_blocks, layout, outcome, settings, to_allocator,
+    device, disjoint_bytes_under_live_allocations, layout, outcome, settings, to_allocator,
 };
 use super::{Call, Observation, Outcome, Side, flatten_stats};
 use crate::op::THREADS;
@@ -173,7 +173,8 @@ impl Side for ThreadedSide {
     fn check_invariants(&self) -> Result<(), String> {
         self.alloc.check_invariants().map_err(|e| e.to_string())?;
         let segments = self.alloc.segments();
+        let views = self.alloc.view_allocations();
         self.alloc
-            .with_backend(|d| distinct_pages_under_live_blocks(&segments, d))
+            .with_backend(|d| disjoint_bytes_under_live_allocations(&segments, &views, d))
     }
 }

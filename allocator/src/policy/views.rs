@@ -1,0 +1,469 @@
+//! Stitched views (rule 23): pages kept at their homes and mapped a second time, into a view
+//! made once for one large request and kept for the next time the same request comes.
+//!
+//! The one rule: a view never moves a page. Its slot `i` maps the page of the home slot
+//! `h_i` of a range of its stream for the view's whole life; while the view is in use its
+//! allocation's bytes are *held* at the homes — blocks of the ranges in state
+//! [`BlockPhase::Held`], in no free set — so no physical byte lies under two live blocks.
+//!
+//! The structures, all in [`Views`] and present only while the rule acts (page stitching with
+//! expandable segments and a reclaim headroom):
+//!
+//! * the views by creation number (`BTreeMap`), each with its homes and, in use, its
+//!   allocation's block and its held pieces;
+//! * the free views by `(stream, page count, number)`: the hand-out (rule 23d) is a range
+//!   lookup, then a usability check of each candidate's `n` pieces, each an address lookup in
+//!   the free blocks' address index: O(n log blocks) per view looked at;
+//! * the home slots by `(slot, number)`: destroying the views that map a slot about to be
+//!   unmapped (rule 23h) is a range query, not a scan of every view;
+//! * the free views by `(last hand-out, number)` for the cap's least-recently-used eviction
+//!   (rule 23g); the in-use views by their allocation's block, for the return (rule 23e);
+//! * the free mapped blocks by address (`free_at`), kept beside the free sets (every insert
+//!   and removal goes through [`CachingCore::free_insert`] and [`CachingCore::free_remove`]),
+//!   so whether a piece lies wholly inside one free block is one lookup.
+//!
+//! A view's allocation is a block of the slab with [`Backing::View`]: no neighbours, in no
+//! segment; it is a live allocation like any other (the live map, `record_stream`, events,
+//! thread caches), and its return (rule 10) returns the held pieces.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use rustc_hash::FxHashMap;
+
+use crate::backend::{Backend, BackendError, StreamId};
+use crate::block::{Backing, Block, BlockId, BlockPhase, FreeKey};
+use crate::error::Error;
+use crate::history::TraceAction;
+use crate::sizes::Pool;
+
+use super::CachingCore;
+
+/// One stitched view (rule 23a).
+#[derive(Clone, Debug)]
+pub(crate) struct View {
+    /// Its reservation's first address (the allocation's address while in use).
+    pub address: u64,
+    /// The stream it serves.
+    pub stream: StreamId,
+    /// Per slot, in order: the range (first address) and home slot of the page it maps.
+    pub homes: Vec<(u64, u64)>,
+    /// When it was last handed out (or made): the cap's eviction order (rule 23g).
+    pub stamp: u64,
+    /// While in use: the allocation's block and the held pieces, in slot order.
+    pub in_use: Option<InUse>,
+}
+
+/// What a view in use holds (rule 23b).
+#[derive(Clone, Debug)]
+pub(crate) struct InUse {
+    /// The allocation's block ([`Backing::View`]).
+    pub allocation: BlockId,
+    /// The held pieces ([`BlockPhase::Held`]), one per slot, in slot order.
+    pub pieces: Vec<BlockId>,
+}
+
+/// Every view, and the indexes of rule 23 (the module's documentation says which and why).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Views {
+    /// The large pool's page `P`.
+    pub page: u64,
+    /// By creation number.
+    pub views: BTreeMap<u64, View>,
+    /// The free views by `(stream, page count, number)`.
+    pub free_by_size: BTreeSet<(StreamId, u64, u64)>,
+    /// Every view's home slots: `(slot, number)`.
+    pub by_home: BTreeSet<(u64, u64)>,
+    /// The free views by `(stamp, number)`: least recently handed out first.
+    pub lru: BTreeSet<(u64, u64)>,
+    /// The views in use by their allocation's block.
+    pub by_allocation: FxHashMap<BlockId, u64>,
+    /// The free mapped blocks (of the free sets) by address.
+    pub free_at: BTreeMap<u64, BlockId>,
+    /// Address space all views hold: the sum of their `n × P`.
+    pub bytes: u64,
+    /// The cap (rule 23g) when the last view was made: `2 × capacity` then.
+    pub cap: u64,
+    next: u64,
+    clock: u64,
+}
+
+impl Views {
+    /// No views yet, for a large pool whose page is `page`.
+    pub fn new(page: u64) -> Views {
+        Views {
+            page,
+            ..Views::default()
+        }
+    }
+
+    fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+}
+
+impl<B: Backend> CachingCore<B> {
+    /// A free mapped block enters its pool's free set (and, while views act, the address
+    /// index).
+    #[inline]
+    pub(super) fn free_insert(&mut self, p: usize, key: FreeKey) {
+        self.free[p].insert(key);
+        if let Some(v) = &mut self.views {
+            v.free_at.insert(key.2, key.3);
+        }
+    }
+
+    /// A free mapped block leaves its pool's free set (and the address index).
+    #[inline]
+    pub(super) fn free_remove(&mut self, p: usize, key: &FreeKey) {
+        self.free[p].remove(key);
+        if let Some(v) = &mut self.views
+            && v.free_at.get(&key.2) == Some(&key.3)
+        {
+            v.free_at.remove(&key.2);
+        }
+    }
+
+    /// The free block (of a free set) holding `[address, address + len)` wholly, if any.
+    fn free_block_around(&self, address: u64, len: u64) -> Option<BlockId> {
+        let v = self.views.as_ref()?;
+        let (_, &id) = v.free_at.range(..=address).next_back()?;
+        let b = self.blocks.get(id);
+        (b.address + b.size >= address + len).then_some(id)
+    }
+
+    /// Rule 23b: the pieces a view of `n` slots holds for an allocation of `rounded` bytes:
+    /// whole slots, and the first `t = rounded − (n − 1) × P` bytes of the last.
+    fn piece_len(page: u64, n: usize, i: usize, rounded: u64) -> u64 {
+        if i + 1 < n {
+            page
+        } else {
+            rounded - (n as u64 - 1) * page
+        }
+    }
+
+    /// Rule 23c: whether the free view `seq` is usable for `rounded` bytes (its page count is
+    /// the request's): each piece lies wholly inside one free block.
+    fn view_usable(&self, seq: u64, rounded: u64) -> bool {
+        let Some(v) = &self.views else { return false };
+        let view = &v.views[&seq];
+        let n = view.homes.len();
+        view.homes.iter().enumerate().all(|(i, &(_, home))| {
+            self.free_block_around(home, Self::piece_len(v.page, n, i, rounded))
+                .is_some()
+        })
+    }
+
+    /// Rule 23d's search: the usable free view of the stream with `⌈rounded / P⌉` slots that
+    /// was made first. Changes nothing.
+    pub(super) fn find_view(&self, stream: StreamId, rounded: u64) -> Option<u64> {
+        let v = self.views.as_ref()?;
+        let n = rounded.div_ceil(v.page);
+        v.free_by_size
+            .range((stream, n, 0)..=(stream, n, u64::MAX))
+            .map(|&(_, _, seq)| seq)
+            .find(|&seq| self.view_usable(seq, rounded))
+    }
+
+    /// Rule 23d: hand out the usable free view `seq` for `rounded` bytes: its pieces are carved
+    /// out of their free blocks in slot order and held; the view is in use. Returns the
+    /// allocation's block (free, in no set, of `rounded` bytes at the view's first byte), for
+    /// rule 14's hand-out.
+    pub(super) fn take_view(&mut self, seq: u64, rounded: u64) -> BlockId {
+        let (page, homes, stream, address) = {
+            let v = self.views.as_ref().expect("rule 23 acts");
+            let view = &v.views[&seq];
+            (v.page, view.homes.clone(), view.stream, view.address)
+        };
+        let n = homes.len();
+        let mut pieces = Vec::with_capacity(n);
+        for (i, &(_, home)) in homes.iter().enumerate() {
+            let len = Self::piece_len(page, n, i, rounded);
+            let id = self
+                .free_block_around(home, len)
+                .expect("rule 23c: a usable view's pieces lie inside free blocks");
+            let _ = self.cut_out(id, home, len, Backing::Mapped);
+            let b = self.blocks.get_mut(id);
+            b.state = BlockPhase::Held;
+            b.requested = 0;
+            pieces.push(id);
+        }
+        let allocation = self.blocks.insert(Block {
+            backing: Backing::View,
+            ..Block::free(
+                address,
+                rounded,
+                stream,
+                Pool::Large,
+                self.searches[Pool::Large.index()],
+                None,
+            )
+        });
+        let v = self.views.as_mut().expect("rule 23 acts");
+        let stamp = v.tick();
+        let view = v.views.get_mut(&seq).expect("the view exists");
+        v.free_by_size.remove(&(stream, n as u64, seq));
+        v.lru.remove(&(view.stamp, seq));
+        view.stamp = stamp;
+        view.in_use = Some(InUse { allocation, pieces });
+        v.by_allocation.insert(allocation, seq);
+        allocation
+    }
+
+    /// Rule 23e: the view allocation `id` returns to the pool (freed, or its events complete):
+    /// its statistics fall as rule 10's; each held piece, in slot order, returns as a free
+    /// block (merging with free neighbours); the view is free again.
+    pub(super) fn return_view(&mut self, id: BlockId) {
+        let b = self.blocks.remove(id);
+        if self.history.is_some() {
+            self.trace(TraceAction::FreeCompleted, b.address, b.requested, b.stream);
+        }
+        let s = &mut self.stats;
+        s.active.decrease(b.pool, 1);
+        s.active_bytes.decrease(b.pool, b.size);
+        s.requested_bytes.decrease(b.pool, b.requested);
+        let v = self.views.as_mut().expect("rule 23 acts");
+        let seq = v
+            .by_allocation
+            .remove(&id)
+            .expect("rule 23j: a view allocation belongs to a view in use");
+        let view = v.views.get_mut(&seq).expect("the view exists");
+        let in_use = view.in_use.take().expect("the view is in use");
+        v.free_by_size
+            .insert((view.stream, view.homes.len() as u64, seq));
+        v.lru.insert((view.stamp, seq));
+        for piece in in_use.pieces {
+            let (prev, next) = {
+                let b = self.blocks.get(piece);
+                debug_assert_eq!(b.state, BlockPhase::Held);
+                (b.prev, b.next)
+            };
+            // Blocks of ranges never count as inactive split (rule 19d): the net is not needed.
+            let _ = self.absorb_neighbours(piece, prev, next, Backing::Mapped);
+            let gc_base = self.searches[self.blocks.get(piece).pool.index()];
+            let b = self.blocks.get_mut(piece);
+            b.state = BlockPhase::Free;
+            b.gc_base = gc_base;
+            let key = (b.stream, b.size, b.address, piece);
+            let p = b.pool.index();
+            self.free_insert(p, key);
+        }
+    }
+
+    /// Rule 23f: when rule 20 finds reserved memory plus the request's pages past its limit for
+    /// a large-pool request of `rounded` bytes (`size` asked) on `stream`, make a view of
+    /// `k = ⌈rounded / P⌉` free pages of the stream's ranges and take it (rule 23d). `None`
+    /// when rule 20 should go on as written: under the limit, fewer than `k` free pages, the
+    /// cap, or an out-of-memory while making the view (rolled back). Any other fault is
+    /// returned.
+    pub(super) fn stitch(
+        &mut self,
+        stream: StreamId,
+        rounded: u64,
+        size: u64,
+        headroom: f64,
+    ) -> Result<Option<BlockId>, Error> {
+        let page = self.page_of(Pool::Large);
+        let limit = self.reclaim_limit(size, headroom);
+        let k = rounded.div_ceil(page);
+        let need = k.saturating_mul(page);
+        if self.reserved.saturating_add(need) <= limit {
+            return Ok(None);
+        }
+        // The free pages: whole slots of the stream's ranges (the large pool's, and the small
+        // pool's when its page is P) inside free blocks, by block: most such bytes first, then
+        // by address.
+        let mut pools = vec![Pool::Large];
+        if self.page_of(Pool::Small) == page {
+            pools.push(Pool::Small);
+        }
+        let mut listed: Vec<(u64, u64, BlockId)> = Vec::new();
+        for pool in pools {
+            for k in self.free[pool.index()]
+                .range((stream, page, 0, 0)..)
+                .take_while(|k| k.0 == stream)
+            {
+                if let Some((first, end)) = self.whole_pages(k.3) {
+                    listed.push((end - first, first, k.3));
+                }
+            }
+        }
+        let total: u64 = listed.iter().map(|l| l.0 / page).sum();
+        if total < k {
+            return Ok(None);
+        }
+        listed.sort_unstable_by_key(|&(bytes, _, id)| {
+            (std::cmp::Reverse(bytes), self.blocks.get(id).address)
+        });
+        // The runs taken, in order: (range, first slot, slots).
+        let mut runs: Vec<(u64, u64, u64)> = Vec::new();
+        let mut taken = 0u64;
+        for (bytes, first, id) in listed {
+            if taken == k {
+                break;
+            }
+            let m = (k - taken).min(bytes / page);
+            let base = self.blocks.get(id).range.expect("a block of a range");
+            runs.push((base, first, m));
+            taken += m;
+        }
+        // Rule 23g: the cap, evicting the least recently used free views.
+        let cap = self.backend.mem_info()?.total.saturating_mul(2);
+        let view_bytes = need;
+        loop {
+            let v = self.views.as_ref().expect("rule 23 acts");
+            if v.bytes.saturating_add(view_bytes) <= cap {
+                break;
+            }
+            let Some(&(_, seq)) = v.lru.first() else {
+                return Ok(None);
+            };
+            self.destroy_view(seq)?;
+        }
+        let address = match self.backend.reserve(view_bytes, page) {
+            Ok(a) => a,
+            Err(BackendError::OutOfMemory) => return Ok(None),
+            Err(e) => return Err(Error::Backend(e)),
+        };
+        let mut mapped = 0u64;
+        for &(_, first, m) in &runs {
+            match self.backend.alias(address + mapped * page, first, m * page) {
+                Ok(()) => {
+                    self.stats.num_device_alloc += 1;
+                    mapped += m;
+                }
+                Err(e) => {
+                    if mapped > 0 {
+                        self.backend.unmap(address, mapped * page, stream)?;
+                        self.stats.num_device_free += 1;
+                    }
+                    self.backend.release_reservation(address, view_bytes)?;
+                    return match e {
+                        BackendError::OutOfMemory => Ok(None),
+                        e => Err(Error::Backend(e)),
+                    };
+                }
+            }
+        }
+        let homes: Vec<(u64, u64)> = runs
+            .iter()
+            .flat_map(|&(base, first, m)| (0..m).map(move |j| (base, first + j * page)))
+            .collect();
+        let v = self.views.as_mut().expect("rule 23 acts");
+        let seq = v.next;
+        v.next += 1;
+        let stamp = v.tick();
+        for &(_, home) in &homes {
+            v.by_home.insert((home, seq));
+        }
+        v.free_by_size.insert((stream, k, seq));
+        v.lru.insert((stamp, seq));
+        v.bytes += view_bytes;
+        // The cap the views were last made under: their bytes only fall until the next view.
+        v.cap = cap;
+        v.views.insert(
+            seq,
+            View {
+                address,
+                stream,
+                homes,
+                stamp,
+                in_use: None,
+            },
+        );
+        Ok(Some(self.take_view(seq, rounded)))
+    }
+
+    /// Rule 23h: destroy the free view `seq`: one unmap of its whole reservation (after its
+    /// stream's work), then the reservation given back; `num_device_free` += 1.
+    fn destroy_view(&mut self, seq: u64) -> Result<(), Error> {
+        let (address, stream, n) = {
+            let v = self.views.as_ref().expect("rule 23 acts");
+            let view = &v.views[&seq];
+            debug_assert!(
+                view.in_use.is_none(),
+                "rule 23h: only free views are destroyed"
+            );
+            (view.address, view.stream, view.homes.len() as u64)
+        };
+        let bytes = n * self.views.as_ref().expect("rule 23 acts").page;
+        self.backend.unmap(address, bytes, stream)?;
+        self.stats.num_device_free += 1;
+        let v = self.views.as_mut().expect("rule 23 acts");
+        let view = v.views.remove(&seq).expect("the view exists");
+        v.free_by_size.remove(&(stream, n, seq));
+        v.lru.remove(&(view.stamp, seq));
+        for &(_, home) in &view.homes {
+            v.by_home.remove(&(home, seq));
+        }
+        v.bytes -= bytes;
+        self.backend.release_reservation(address, bytes)?;
+        Ok(())
+    }
+
+    /// Rule 23h: before rule 19e or rule 20 unmaps the home slots `[first, end)`, the views
+    /// mapping any of them (free, since a view in use holds part of every page it maps) are
+    /// destroyed, in the order made.
+    pub(super) fn destroy_views_over(&mut self, first: u64, end: u64) -> Result<(), Error> {
+        let Some(v) = &self.views else { return Ok(()) };
+        let mut seqs: Vec<u64> = v
+            .by_home
+            .range((first, 0)..(end, 0))
+            .map(|&(_, seq)| seq)
+            .collect();
+        if seqs.is_empty() {
+            return Ok(());
+        }
+        seqs.sort_unstable();
+        seqs.dedup();
+        for seq in seqs {
+            self.destroy_view(seq)?;
+        }
+        Ok(())
+    }
+
+    /// Rule 23h: the release of rule 9 (`empty_cache`, rule 7d) destroys every free view
+    /// first, in the order made.
+    pub(super) fn destroy_free_views(&mut self) -> Result<(), Error> {
+        let Some(v) = &self.views else { return Ok(()) };
+        let free: Vec<u64> = v
+            .views
+            .iter()
+            .filter(|(_, view)| view.in_use.is_none())
+            .map(|(&seq, _)| seq)
+            .collect();
+        for seq in free {
+            self.destroy_view(seq)?;
+        }
+        Ok(())
+    }
+
+    /// Rule 23: the live allocations made through stitched views (which
+    /// [`CachingCore::segments`] does not list), by address: each one's address, bytes
+    /// (the rounded size) and state (allocated or pending).
+    pub fn view_allocations(&self) -> Vec<(u64, u64, BlockPhase)> {
+        let Some(v) = &self.views else {
+            return Vec::new();
+        };
+        let mut out: Vec<(u64, u64, BlockPhase)> = v
+            .by_allocation
+            .keys()
+            .map(|&id| {
+                let b = self.blocks.get(id);
+                (b.address, b.size, b.state)
+            })
+            .collect();
+        out.sort_unstable_by_key(|v| v.0);
+        out
+    }
+
+    /// Rule 23: how many stitched views exist, and how many of them are in use.
+    pub fn view_counts(&self) -> (usize, usize) {
+        self.views
+            .as_ref()
+            .map_or((0, 0), |v| (v.views.len(), v.by_allocation.len()))
+    }
+}
+
+#[cfg(test)]
+mod tests;
