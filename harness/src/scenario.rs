@@ -44,6 +44,10 @@ pub struct Knobs {
     /// the range grows. Drawn only with expandable segments and a reclaim headroom (without
     /// them it never acts).
     pub page_aliasing: bool,
+    /// `page_stitching` (rule 23): at rule 20's over-limit point a large request gets a
+    /// stitched view of free pages, kept and reused. Not drawn (always false in drawn
+    /// scenarios) until the allocator's side maps it onto its settings.
+    pub page_stitching: bool,
 }
 
 impl Knobs {
@@ -62,6 +66,7 @@ impl Knobs {
             expandable_page: 20 * MIB,
             reclaim_headroom: None,
             page_aliasing: false,
+            page_stitching: false,
         }
     }
 }
@@ -158,6 +163,8 @@ impl<'a> Arbitrary<'a> for Knobs {
             expandable_page,
             reclaim_headroom,
             page_aliasing,
+            // Rule 23's: not drawn (no byte taken) until the allocator's side maps it.
+            page_stitching: false,
         })
     }
 }

@@ -26,6 +26,7 @@ pub fn settings(knobs: &Knobs) -> Settings {
     s.expandable_page_size = knobs.expandable_page;
     s.reclaim_headroom = knobs.reclaim_headroom;
     s.page_aliasing = knobs.page_aliasing;
+    // page_stitching: mapped onto Settings on the allocator's branch
     s
 }
 
@@ -51,6 +52,8 @@ impl Knobs {
             expandable_page: settings.expandable_page_size,
             reclaim_headroom: settings.reclaim_headroom,
             page_aliasing: settings.page_aliasing,
+            // page_stitching: mapped onto Settings on the allocator's branch
+            page_stitching: false,
         };
         let back = self::settings(&knobs);
         if back != *settings {

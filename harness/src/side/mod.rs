@@ -193,6 +193,8 @@ pub enum BlockKind {
     Allocated,
     /// Freed, waiting for other streams' work.
     Pending,
+    /// Rule 23b: a piece of a range held by a stitched view in use (requested 0).
+    Held,
 }
 
 /// One block as a side reports it.
