@@ -296,10 +296,10 @@ impl Model {
         self.check_stats()?;
         self.check_threads()?;
         self.check_device()?;
+        // Rule 23j: views and held pieces (before the page table, which lists view slots).
+        self.check_views()?;
         // Rule 22: pages, their homes and their mappings.
-        self.check_pages()?;
-        // Rule 23j: views and held pieces.
-        self.check_views()
+        self.check_pages()
     }
 
     /// Segments are sorted by address and do not overlap.
