@@ -263,16 +263,27 @@ impl FaultHarness {
                 allocated.insert(b.address, (b.size, b.requested));
             }
         }
+        // Rule 23: allocations through stitched views are in no segment; their requested size
+        // is the user's (the handles'), checked below as `size >= requested`.
+        let views: BTreeMap<u64, u64> = self.side.view_allocations().into_iter().collect();
         let live = self.handles.live();
-        if allocated.len() != live.len() {
+        if allocated.len() + views.len() != live.len() {
             return Err(format!(
                 "the allocator holds {} allocated blocks, the user {} (lost or phantom blocks)",
-                allocated.len(),
+                allocated.len() + views.len(),
                 live.len()
             ));
         }
         for l in live {
             let (a, requested) = (l.address, l.requested);
+            if let Some(&size) = views.get(&a) {
+                if size < requested {
+                    return Err(format!(
+                        "live view allocation {a:#x} of {requested} B has {size} B"
+                    ));
+                }
+                continue;
+            }
             match allocated.get(&a) {
                 Some(&(size, r)) if r == requested && size >= requested => {}
                 Some(b) => {

@@ -86,7 +86,7 @@ pub fn replay_side_by_side(
 }
 
 /// What one pass of a program through one side alone did ([`passes`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Pass {
     /// Device calls that made or mapped memory during the pass (`num_device_alloc`).
     pub device_allocs: u64,
@@ -103,6 +103,13 @@ pub struct Pass {
     pub out_of_memory: usize,
     /// Operations run.
     pub ops: usize,
+    /// Rule 23: the model's stitched views at the pass's end.
+    pub views: usize,
+    /// Rule 23: the bytes of address space those views hold.
+    pub view_bytes: u64,
+    /// When asked for ([`model_passes_logged`]): each operation of the pass that made device
+    /// calls, as `(operation index, num_device_alloc rise, num_device_free rise)`.
+    pub calls_at: Vec<(usize, u64, u64)>,
 }
 
 /// One side alone as a replay target: each call made through [`Side::call`], any outcome
@@ -189,6 +196,18 @@ pub fn model_passes(
     passes: usize,
     check: bool,
 ) -> Result<Vec<Pass>, String> {
+    model_passes_logged(program, knobs, passes, check, false)
+}
+
+/// [`model_passes`], and with `log` each pass's operations that made device calls
+/// ([`Pass::calls_at`]).
+pub fn model_passes_logged(
+    program: &ReplayProgram,
+    knobs: &Knobs,
+    passes: usize,
+    check: bool,
+    log: bool,
+) -> Result<Vec<Pass>, String> {
     let mut target = Solo(ModelSide::new(knobs));
     let mut out = Vec::with_capacity(passes);
     let (mut allocs, mut frees, mut reserved) = (0, 0, 0);
@@ -199,6 +218,7 @@ pub fn model_passes(
             .set_up_start(&mut target, program, StartMode::LiveTensors)
             .map_err(|e| format!("pass {pass}: setting up the start: {e:?}"))?;
         for i in 0..program.ops.len() {
+            let before = log.then(|| target.0.model().stats());
             match interpreter
                 .step(&mut target, program, i, false)
                 .map_err(|e| format!("pass {pass}, op {i}: {e:?}"))?
@@ -207,6 +227,14 @@ pub fn model_passes(
                 Executed::Allocated | Executed::Freed | Executed::Other => {}
             }
             done.ops += 1;
+            if let Some(before) = before {
+                let after = target.0.model().stats();
+                let a = after.num_device_alloc - before.num_device_alloc;
+                let f = after.num_device_free - before.num_device_free;
+                if a + f > 0 {
+                    done.calls_at.push((i, a, f));
+                }
+            }
             if check {
                 target
                     .0
@@ -233,6 +261,9 @@ pub fn model_passes(
         reserved = r;
         done.peak_reserved = target.stat("reserved_bytes.all.peak")?;
         done.peak_requested = target.stat("requested_bytes.all.peak")?;
+        let views = target.0.model().views();
+        done.views = views.len();
+        done.view_bytes = views.iter().map(|&(_, bytes, _)| bytes).sum();
         out.push(done);
     }
     Ok(out)

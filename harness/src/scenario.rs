@@ -45,8 +45,8 @@ pub struct Knobs {
     /// them it never acts).
     pub page_aliasing: bool,
     /// `page_stitching` (rule 23): a large request over rule 20's limit is served from a
-    /// stitched view of free pages, kept for the next time. Not drawn yet (`false` in every
-    /// drawn scenario) until the model's side of rule 23 is merged.
+    /// stitched view of free pages, kept for the next time. Drawn only where it can act
+    /// (expandable segments with a reclaim headroom, page aliasing off).
     pub page_stitching: bool,
 }
 
@@ -120,6 +120,10 @@ pub mod tables {
     /// reclaim headroom): on in half of those scenarios. Exhausted bytes draw `false`, the old
     /// behaviour.
     pub const PAGE_ALIASING: &Weighted<bool> = &[(1, false), (1, true)];
+    /// `page_stitching` (rule 23), drawn only where it can act (expandable segments with a
+    /// reclaim headroom) and page aliasing is off: on in half of those scenarios. Exhausted
+    /// bytes draw `false`, the old behaviour.
+    pub const PAGE_STITCHING: &Weighted<bool> = &[(1, false), (1, true)];
 }
 
 impl<'a> Arbitrary<'a> for Knobs {
@@ -150,6 +154,13 @@ impl<'a> Arbitrary<'a> for Knobs {
         } else {
             false
         };
+        // Rule 23's, last, under the same condition (and never beside rule 22's).
+        let page_stitching = if expandable_segments && reclaim_headroom.is_some() && !page_aliasing
+        {
+            weighted(u, PAGE_STITCHING)?
+        } else {
+            false
+        };
         Ok(Knobs {
             capacity,
             max_split_size,
@@ -163,7 +174,7 @@ impl<'a> Arbitrary<'a> for Knobs {
             expandable_page,
             reclaim_headroom,
             page_aliasing,
-            page_stitching: false,
+            page_stitching,
         })
     }
 }

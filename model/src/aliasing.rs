@@ -522,6 +522,8 @@ impl Model {
     /// pairwise distinct.
     fn check_device_pages(&self) -> Result<(), InvariantViolation> {
         let device = self.device.pages();
+        // Rule 23a: the view slots mapping each home.
+        let view_slots = self.view_mappings();
         if device.len() != self.pages.len() {
             return Err(InvariantViolation::DevicePageCount {
                 device: device.len(),
@@ -531,6 +533,12 @@ impl Model {
         for page in self.pages.values() {
             let mut slots = page.lent.clone();
             slots.push(page.home);
+            slots.extend(
+                view_slots
+                    .iter()
+                    .filter(|&&(home, _)| home == page.home)
+                    .map(|&(_, slot)| slot),
+            );
             slots.sort_unstable();
             let mut mapped = self
                 .device

@@ -54,13 +54,20 @@ pub struct ModelConfig {
     /// `page_aliasing:True`; off by default. It acts only under expandable segments with a
     /// `reclaim_headroom` set.
     pub page_aliasing: bool,
+    /// Rule 23 (cachalot's own policy): stitched views — at rule 20's over-limit point a large
+    /// request gets a view, a reservation of its own mapping free pages where they are, kept
+    /// and reused when the same request comes again. `page_stitching:True`; off by default.
+    /// It acts only under expandable segments with a `reclaim_headroom` set, and is refused
+    /// beside `page_aliasing`.
+    pub page_stitching: bool,
 }
 
 impl ModelConfig {
     /// PyTorch's default settings on a device of `capacity` bytes: no split limit, 20 MiB
     /// non-split rounding, no garbage collection, no power-of-two rounding, no memory
     /// fraction, no address script, no thread caches, no expandable segments (and, should
-    /// they be turned on, PyTorch's 20 MiB large page, no reclaim and no page aliasing).
+    /// they be turned on, PyTorch's 20 MiB large page, no reclaim, no page aliasing and no
+    /// page stitching).
     pub fn pytorch_defaults(capacity: u64) -> Self {
         ModelConfig {
             capacity,
@@ -75,6 +82,7 @@ impl ModelConfig {
             expandable_page: DEFAULT_EXPANDABLE_PAGE,
             reclaim_headroom: None,
             page_aliasing: false,
+            page_stitching: false,
         }
     }
 
@@ -83,6 +91,12 @@ impl ModelConfig {
     pub fn expandable_page_is_valid(&self) -> bool {
         (2 * MIB..=1024 * MIB).contains(&self.expandable_page)
             && self.expandable_page.is_multiple_of(2 * MIB)
+    }
+
+    /// Whether rules 22 and 23 are not asked for together: rule 23 refuses `page_aliasing`
+    /// beside `page_stitching`.
+    pub fn stitching_is_valid(&self) -> bool {
+        !(self.page_stitching && self.page_aliasing)
     }
 
     /// Whether `reclaim_headroom` is one rule 20 allows: unset, or within \[0, 1\] (not NaN).

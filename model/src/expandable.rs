@@ -96,7 +96,7 @@ impl Model {
         rounded: u64,
         requested: u64,
         segment_size: u64,
-    ) -> Option<u64> {
+    ) -> Option<crate::policy::Grown> {
         // Rule 19b keeps rule 8's memory fraction check, with rule 4's segment size (PyTorch:
         // `total_allocated_memory + alloc_size > allowed_memory_maximum`).
         if let Some(allowed) = self.allowed
@@ -113,6 +113,10 @@ impl Model {
                 self.request_limit = Some(self.reclaim_limit(headroom, requested));
             }
         } else {
+            // Rule 23f: over rule 20's limit, a view first (its request handed out).
+            if let Some(address) = self.view_before_reclaim(pool, stream, rounded, requested) {
+                return Some(crate::policy::Grown::View(address));
+            }
             // Rule 20: before growing, reclaim free pages if reserved memory would otherwise
             // exceed the headroom over the requested high-water. Read as coming after the
             // memory fraction check, which decides whether rule 19b grows at all ("about to
@@ -173,7 +177,7 @@ impl Model {
                 return None;
             }
         }
-        Some(start)
+        Some(crate::policy::Grown::Block(start))
     }
 
     /// Rule 19b's map step of `bytes` (rounded up to whole pages) at the first slots of the
@@ -384,6 +388,8 @@ impl Model {
         let Some((first, last)) = whole_pages(base, page, start, end) else {
             return;
         };
+        // Rule 23h: the views mapping these home slots go first.
+        self.destroy_views_mapping(first, last);
         self.device.unmap(first, last - first);
         // Their pages had no other mapping: they are gone.
         self.drop_pages(first, last - first, page);
@@ -529,6 +535,14 @@ impl Model {
                         && block.pending_events > 0
                         && block.pending_events == events
                 }
+                // Rule 23b: a held piece carries nothing (its view is checked in
+                // `stitching.rs`).
+                BlockState::Held => {
+                    block.requested == 0
+                        && block.stream_uses.is_empty()
+                        && block.pending_events == 0
+                        && events == 0
+                }
             };
             if !fine {
                 return Err(format!(
@@ -553,6 +567,8 @@ impl Model {
             .device
             .reservations()
             .iter()
+            // Rule 23a: views are reservations of their own (checked with the views).
+            .filter(|r| !self.is_view(r.base))
             .map(|r| (r.base, r.size, r.mapped_runs()))
             .collect();
         reservations.sort_unstable();

@@ -13,6 +13,13 @@ use crate::stats::{Gauges, Stat, StatArray, Stats};
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum InvariantViolation {
+    /// Rule 23j broken: a stitched view, its pages or its held pieces; the detail names the
+    /// view or piece and what is wrong.
+    #[error("{detail}")]
+    View {
+        /// The view or piece and what is wrong with it.
+        detail: String,
+    },
     /// A range of expandable segments (rule 19), or the device's reservations, broken; the
     /// detail names the range and what is wrong.
     #[error("{detail}")]
@@ -289,6 +296,8 @@ impl Model {
         self.check_stats()?;
         self.check_threads()?;
         self.check_device()?;
+        // Rule 23j: views and held pieces (before the page table, which lists view slots).
+        self.check_views()?;
         // Rule 22: pages, their homes and their mappings.
         self.check_pages()
     }
@@ -381,6 +390,8 @@ impl Model {
                         && block.pending_events > 0
                         && block.pending_events == events
                 }
+                // Rule 23b: held pieces lie only in ranges.
+                BlockState::Held => false,
             };
             if !fine {
                 return Err(InvariantViolation::InconsistentBlock {
@@ -403,8 +414,17 @@ impl Model {
     /// Every event holds a pending block, and one block has at most one event per stream.
     fn check_events(&self) -> Result<(), InvariantViolation> {
         for (i, event) in self.events.iter().enumerate() {
-            let pending = crate::state::find_block(&self.segments, event.block)
-                .map(|(s, b)| self.segments[s].blocks[b].state == BlockState::Pending);
+            // Rule 23e: or a view's pending allocation.
+            let view = self.views.iter().find(|v| v.address == event.block);
+            let pending = match view {
+                Some(v) => Some(
+                    v.allocation
+                        .as_ref()
+                        .is_some_and(|a| a.state == BlockState::Pending),
+                ),
+                None => crate::state::find_block(&self.segments, event.block)
+                    .map(|(s, b)| self.segments[s].blocks[b].state == BlockState::Pending),
+            };
             if pending != Some(true) {
                 return Err(InvariantViolation::EventWithoutPendingBlock {
                     stream: event.stream,
@@ -427,7 +447,8 @@ impl Model {
     /// Every current value equals its recomputation; every statistic is self-consistent;
     /// reserved bytes are the bytes of all blocks.
     fn check_stats(&self) -> Result<(), InvariantViolation> {
-        let gauges = Gauges::measure(&self.segments, self.config.max_split_size);
+        let mut gauges = Gauges::measure(&self.segments, self.config.max_split_size);
+        self.add_view_gauges(&mut gauges);
         if !self.stats.agrees_with(&gauges) {
             let mut measured = self.stats.clone();
             measured.settle(&gauges);

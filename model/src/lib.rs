@@ -25,6 +25,7 @@ mod release;
 mod rules;
 mod state;
 mod stats;
+mod stitching;
 mod threads;
 
 pub use adopt::{AdoptedBlock, AdoptedSegment, AdoptedState};
@@ -34,6 +35,7 @@ pub use state::{BlockState, ModelBlock, ModelSegment};
 pub use stats::{Stat, StatArray, Stats};
 
 use device::Device;
+use policy::Grown;
 use state::{BlockState as State, Event, Segment};
 
 /// The reference model of the caching allocator, with its own simulated device.
@@ -73,6 +75,21 @@ pub struct Model {
     /// Rule 22f: rule 20's limit for the request being served, once computed (at its first
     /// growth).
     request_limit: Option<u128>,
+    /// Rule 23a: the stitched views, in the order made.
+    views: Vec<stitching::View>,
+    /// The number the next view made gets.
+    next_view: u64,
+    /// Rule 23g: a clock of view hand-outs and makings.
+    view_tick: u64,
+}
+
+/// Where a live allocation is: a block of a segment or range, or (rule 23) a view in use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Live {
+    /// The block at (segment index, block index).
+    Block(usize, usize),
+    /// The view at this index of the views.
+    View(usize),
 }
 
 impl Model {
@@ -81,7 +98,8 @@ impl Model {
     /// # Panics
     /// If `config.memory_fraction` is outside `[0, 1]` or NaN, `config.expandable_page` is
     /// not an even number of MiB in \[2, 1024\] (rule 19), or `config.reclaim_headroom` is
-    /// outside `[0, 1]` or NaN (rule 20).
+    /// outside `[0, 1]` or NaN (rule 20), or `config.page_stitching` and
+    /// `config.page_aliasing` are both set (rule 23).
     pub fn new(config: ModelConfig) -> Model {
         assert!(
             config.expandable_page_is_valid(),
@@ -90,6 +108,10 @@ impl Model {
         assert!(
             config.reclaim_headroom_is_valid(),
             "ModelConfig::reclaim_headroom must be within [0, 1]"
+        );
+        assert!(
+            config.stitching_is_valid(),
+            "ModelConfig::page_stitching refuses page_aliasing beside it"
         );
         let device = Device::new(config.capacity, config.address_script.clone());
         let fraction = config.memory_fraction;
@@ -109,6 +131,9 @@ impl Model {
             page_of: std::collections::BTreeMap::new(),
             next_page: 0,
             request_limit: None,
+            views: Vec::new(),
+            next_view: 0,
+            view_tick: 0,
         };
         if let Some(fraction) = fraction {
             model
@@ -134,13 +159,20 @@ impl Model {
         // Rules 2, 3.
         let rounded = rules::round_size(size, &self.config.roundup_power2_divisions);
         let pool = rules::pool_for(rounded);
-        // Rule 6, else rule 7.
-        let address = match self.best_fit(pool, stream, rounded) {
-            Some(address) => address,
-            None => self.make_block(pool, stream, rounded, size)?,
+        // Rule 6, else rule 23d (a view), else rule 7.
+        let grown = match self.best_fit(pool, stream, rounded) {
+            Some(address) => Grown::Block(address),
+            None => match self.view_candidate(pool, stream, rounded) {
+                Some(v) => return Ok(self.hand_out_view(v, rounded, size)),
+                None => self.make_block(pool, stream, rounded, size)?,
+            },
         };
-        // Rules 13, 14.
-        Ok(self.hand_out(address, rounded, size))
+        match grown {
+            // Rules 13, 14.
+            Grown::Block(address) => Ok(self.hand_out(address, rounded, size)),
+            // Rule 23f: a view made and handed out.
+            Grown::View(address) => Ok(address),
+        }
     }
 
     /// Frees the allocation at `address` (rule 15). Address 0 is a no-op.
@@ -149,10 +181,10 @@ impl Model {
         if address == 0 {
             return Ok(());
         }
-        let (s, b) = self.live_allocation(address)?;
+        let live = self.live_allocation(address)?;
         // Rule 17: a block freed for good belongs to no thread.
         self.owners.remove(&address);
-        self.free_allocation(s, b);
+        self.free_live(live);
         Ok(())
     }
 
@@ -163,11 +195,19 @@ impl Model {
         if address == 0 {
             return Ok(());
         }
-        let (s, b) = self.live_allocation(address)?;
-        if self.segments[s].stream == stream {
+        let live = self.live_allocation(address)?;
+        let own = match live {
+            Live::Block(s, _) => self.segments[s].stream,
+            Live::View(v) => self.views[v].stream,
+        };
+        if own == stream {
             return Ok(());
         }
-        let uses = &mut self.segments[s].blocks[b].stream_uses;
+        let uses = match live {
+            Live::Block(s, b) => &mut self.segments[s].blocks[b].stream_uses,
+            // Rule 23e: rule 15's events apply to a view's allocation as to any block.
+            Live::View(v) => &mut self.view_allocation(v).stream_uses,
+        };
         if !uses.contains(&stream) {
             uses.push(stream);
             uses.sort_unstable();
@@ -245,16 +285,57 @@ impl Model {
         self.device.used()
     }
 
-    /// The position of the allocated block starting at `address`, or `UnknownAddress` (also
-    /// for a block parked in a thread cache: the user freed it, rule 17).
-    fn live_allocation(&self, address: u64) -> Result<(usize, usize), ModelError> {
+    /// Where the allocation at `address` is, whether the user holds it or (rule 17) it is
+    /// parked: an allocated block starting there, or (rule 23) a view whose allocation is
+    /// allocated.
+    pub(crate) fn allocation_at(&self, address: u64) -> Option<Live> {
+        if let Some(v) = self.view_in_use_at(address) {
+            let allocated = self.views[v]
+                .allocation
+                .as_ref()
+                .is_some_and(|a| a.state == State::Allocated);
+            return allocated.then_some(Live::View(v));
+        }
         match state::find_block(&self.segments, address) {
-            Some((s, b))
-                if self.segments[s].blocks[b].state == State::Allocated
-                    && !self.is_parked(address) =>
-            {
-                Ok((s, b))
+            Some((s, b)) if self.segments[s].blocks[b].state == State::Allocated => {
+                Some(Live::Block(s, b))
             }
+            _ => None,
+        }
+    }
+
+    /// The stream, requested size and whether another stream used it, of the allocation at
+    /// `live`.
+    pub(crate) fn live_facts(&self, live: Live) -> (u64, u64, bool) {
+        match live {
+            Live::Block(s, b) => {
+                let block = &self.segments[s].blocks[b];
+                (
+                    self.segments[s].stream,
+                    block.requested,
+                    !block.stream_uses.is_empty(),
+                )
+            }
+            Live::View(v) => {
+                let a = self.views[v].allocation.as_ref().expect("a view in use");
+                (self.views[v].stream, a.requested, !a.stream_uses.is_empty())
+            }
+        }
+    }
+
+    /// Rule 15 (and 23e) for the allocation at `live`.
+    pub(crate) fn free_live(&mut self, live: Live) {
+        match live {
+            Live::Block(s, b) => self.free_allocation(s, b),
+            Live::View(v) => self.free_view_allocation(v),
+        }
+    }
+
+    /// Where the live allocation at `address` is, or `UnknownAddress` (also for a block
+    /// parked in a thread cache: the user freed it, rule 17).
+    fn live_allocation(&self, address: u64) -> Result<Live, ModelError> {
+        match self.allocation_at(address) {
+            Some(live) if !self.is_parked(address) => Ok(live),
             _ => Err(ModelError::UnknownAddress { address }),
         }
     }

@@ -25,11 +25,23 @@ enum Found {
     },
 }
 
+/// What rule 7's device step made: a free block to hand out, or (rule 23f) a view already
+/// handed out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Grown {
+    /// A free block at this address, to hand out (rules 13, 14).
+    Block(u64),
+    /// Rule 23f: a view made and handed out; its allocation's address.
+    View(u64),
+}
+
 impl Model {
     /// Ends a sub-step: recomputes every statistic's current value from the state and turns
     /// the difference into increases and decreases.
     pub(crate) fn settle_stats(&mut self) {
-        let gauges = Gauges::measure(&self.segments, self.config.max_split_size);
+        let mut gauges = Gauges::measure(&self.segments, self.config.max_split_size);
+        // Rule 23b: the views' allocations.
+        self.add_view_gauges(&mut gauges);
         self.stats.settle(&gauges);
         // Rule 20: the requested high-water follows every value the statistic reaches.
         let requested = self.stats.requested_bytes.all.current as u64;
@@ -94,6 +106,11 @@ impl Model {
     /// Rules 5, 9: one event of the pending block at `address` is done; the last one returns
     /// the block to the pool.
     pub(crate) fn event_done(&mut self, address: u64) {
+        // Rule 23e: a view's allocation waits for its events as any block.
+        if let Some(v) = self.view_in_use_at(address) {
+            self.view_event_done(v);
+            return;
+        }
         let (s, b) = state::find_block(&self.segments, address).expect("an event holds a block");
         let block = &mut self.segments[s].blocks[b];
         block.pending_events -= 1;
@@ -130,7 +147,9 @@ impl Model {
         self.process_events();
         let rounded = rules::round_size(size, &self.config.roundup_power2_divisions);
         let pool = rules::pool_for(rounded);
+        // Rule 23d: the search for a view is this search too.
         self.search_free_set(pool, stream, rounded).is_some()
+            || self.view_candidate(pool, stream, rounded).is_some()
     }
 
     /// Rule 6's search itself (with rule 19a's walk and rule 22d's lent candidate): the
@@ -180,7 +199,7 @@ impl Model {
         stream: u64,
         rounded: u64,
         requested: u64,
-    ) -> Result<u64, ModelError> {
+    ) -> Result<Grown, ModelError> {
         // Rule 4.
         let size = rules::segment_size(rounded);
         // Rule 7a.
@@ -219,8 +238,8 @@ impl Model {
 
     /// Rule 7's device step: a new segment of `size` bytes (rule 8), or, under expandable
     /// segments, a range block grown to `rounded` bytes (rule 19b, with `size` for the memory
-    /// fraction check, after rule 20's reclaim for a request of `requested` bytes). The free
-    /// block's address, or `None`.
+    /// fraction check, after rule 20's reclaim — or rule 23f's view — for a request of
+    /// `requested` bytes). What was made, or `None`.
     fn grow(
         &mut self,
         pool: Pool,
@@ -228,11 +247,11 @@ impl Model {
         rounded: u64,
         requested: u64,
         size: u64,
-    ) -> Option<u64> {
+    ) -> Option<Grown> {
         if self.config.expandable_segments {
             self.grow_range(pool, stream, rounded, requested, size)
         } else {
-            self.allocate_segment(pool, stream, size)
+            self.allocate_segment(pool, stream, size).map(Grown::Block)
         }
     }
 

@@ -163,6 +163,7 @@ mod tests {
                     (true, crate::BlockState::Free) => "free",
                     (true, crate::BlockState::Allocated) => "alloc",
                     (true, crate::BlockState::Pending) => "pending",
+                    (true, crate::BlockState::Held) => "held",
                 };
                 (
                     (b.address - m.segments[range].address) / half,

@@ -46,6 +46,8 @@ impl Model {
                 self.event_done(event.block);
             }
         }
+        // Rule 23h: every free view, in the order made, before rule 19e's unmapping.
+        self.destroy_free_views();
         for pool in [Pool::Large, Pool::Small] {
             for entry in state::free_set(&self.segments, pool) {
                 if entry.whole {

@@ -20,6 +20,10 @@ pub enum BlockState {
     Allocated,
     /// Freed by the user, but waiting for events recorded on other streams that used it.
     Pending,
+    /// Rule 23b: a piece of a range held by a stitched view in use — the bytes of a page that
+    /// the view's allocation uses. In no free set, never merged, never handed out; requested
+    /// size 0; counted in no statistic of its own (the view's allocation counts).
+    Held,
 }
 
 /// The public view of one block.
@@ -29,9 +33,9 @@ pub struct ModelBlock {
     pub address: u64,
     /// The block's size (a multiple of 512).
     pub size: u64,
-    /// The size the user asked for, while allocated or pending; 0 for a free block.
+    /// The size the user asked for, while allocated or pending; 0 for a free or held block.
     pub requested: u64,
-    /// Free, allocated or pending.
+    /// Free, allocated, pending or (rule 23b) held.
     pub state: BlockState,
 }
 
@@ -113,6 +117,14 @@ impl Block {
     /// Rule 19: whether the block is unmapped address space (neither mapped nor lent).
     pub(crate) fn is_unmapped(&self) -> bool {
         !self.mapped && !self.lent
+    }
+
+    /// Rule 23b: a held piece of `size` bytes at `address`.
+    pub(crate) fn held(address: u64, size: u64) -> Block {
+        Block {
+            state: BlockState::Held,
+            ..Block::free(address, size, 0)
+        }
     }
 
     /// Whether the block is in its pool's free set: free and mapped (rules 6, 10, 19).

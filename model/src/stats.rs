@@ -156,7 +156,8 @@ impl Gauges {
                             gauges.oversize_allocations += 1;
                         }
                     }
-                    BlockState::Pending => {}
+                    // Rule 23b: held pieces count in no statistic of their own.
+                    BlockState::Pending | BlockState::Held => {}
                     BlockState::Free => {
                         if split {
                             pool.inactive_split += 1;
@@ -164,7 +165,7 @@ impl Gauges {
                         }
                     }
                 }
-                if block.state != BlockState::Free {
+                if matches!(block.state, BlockState::Allocated | BlockState::Pending) {
                     pool.active += 1;
                     pool.active_bytes += block.size;
                     pool.requested_bytes += block.requested;

@@ -5,7 +5,7 @@
 //! count it as allocated; only [`Model::free`] and [`Model::record_stream`] treat it as gone.
 //! A thread joins the registration order at its first request (rule 17's flush order).
 
-use crate::{MAX_ALLOC_SIZE, Model, ModelError, state};
+use crate::{MAX_ALLOC_SIZE, Model, ModelError};
 
 /// One thread's cache.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,8 +51,9 @@ impl Model {
         };
         // Rule 17a: a hit, newest first.
         let hit = self.threads[index].parked.iter().rposition(|&a| {
-            let (s, b) = state::find_block(&self.segments, a).expect("a parked block exists");
-            self.segments[s].stream == stream && self.segments[s].blocks[b].requested == size
+            let live = self.allocation_at(a).expect("a parked block exists");
+            let (own, requested, _) = self.live_facts(live);
+            own == stream && requested == size
         });
         if let Some(i) = hit {
             return Ok(self.threads[index].parked.remove(i));
@@ -82,9 +83,8 @@ impl Model {
         if self.capacity() == 0 || address == 0 {
             return self.free(address);
         }
-        let (s, b) = self.live_allocation(address)?;
-        let parkable = self.owners.get(&address) == Some(&thread)
-            && self.segments[s].blocks[b].stream_uses.is_empty();
+        let live = self.live_allocation(address)?;
+        let parkable = self.owners.get(&address) == Some(&thread) && !self.live_facts(live).2;
         if !parkable {
             return self.free(address);
         }
@@ -133,19 +133,15 @@ impl Model {
     /// A parked block (already out of its cache) is freed by rule 15.
     fn free_parked(&mut self, address: u64) {
         self.owners.remove(&address);
-        let (s, b) = state::find_block(&self.segments, address).expect("a parked block exists");
-        self.free_allocation(s, b);
+        let live = self.allocation_at(address).expect("a parked block exists");
+        self.free_live(live);
     }
 
     /// Parked and owned blocks are allocated; no cache is over capacity; a block is parked
     /// once at most, by the thread it belongs to.
     pub(crate) fn check_threads(&self) -> Result<(), crate::InvariantViolation> {
         use crate::InvariantViolation;
-        let allocated = |a: u64| {
-            state::find_block(&self.segments, a).is_some_and(|(s, b)| {
-                self.segments[s].blocks[b].state == state::BlockState::Allocated
-            })
-        };
+        let allocated = |a: u64| self.allocation_at(a).is_some();
         for &a in self.owners.keys() {
             if !allocated(a) {
                 return Err(InvariantViolation::OwnedNotAllocated { address: a });

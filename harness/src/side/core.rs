@@ -248,6 +248,17 @@ impl CoreSide {
         self.core.backend().allocations().collect()
     }
 
+    /// Rule 23: the live allocations made through stitched views `(address, bytes)` that are
+    /// allocated (not pending), by address; `segments()` does not list them.
+    pub fn view_allocations(&self) -> Vec<(u64, u64)> {
+        self.core
+            .view_allocations()
+            .into_iter()
+            .filter(|v| v.2 == cachalot::BlockPhase::Allocated)
+            .map(|v| (v.0, v.1))
+            .collect()
+    }
+
     /// Reserved bytes by the core's statistics.
     pub fn reserved_bytes(&self) -> i64 {
         self.core.stats().reserved_bytes.all.current
@@ -455,7 +466,7 @@ mod tests {
     }
 
     #[test]
-    fn page_stitching_becomes_a_knob_and_is_not_drawn_yet() {
+    fn page_stitching_becomes_a_knob_and_is_drawn_only_where_it_can_act() {
         let parsed = Settings::pytorch()
             .apply("expandable_segments:True,reclaim_headroom:0.25,page_stitching:True")
             .unwrap();
@@ -463,16 +474,35 @@ mod tests {
         assert!(knobs.page_stitching && !knobs.page_aliasing);
         assert_eq!(settings(&knobs), parsed);
         assert!(!Knobs::pytorch(1 << 30).page_stitching);
-        for seed in 0..500u32 {
-            let bytes: Vec<u8> = (0..64u32)
-                .map(|i| (seed.wrapping_mul(2_654_435_761) ^ i.wrapping_mul(40_503)) as u8)
+        let mut drawn = [0u32; 2];
+        for seed in 0..2000u32 {
+            // xorshift bytes: the multiplicative pattern of the test above alternates its low
+            // bit from byte to byte, and rule 23's byte follows rule 22's.
+            let mut x = u64::from(seed).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            let bytes: Vec<u8> = (0..64)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    (x >> 24) as u8
+                })
                 .collect();
-            assert!(
-                !Knobs::arbitrary(&mut Unstructured::new(&bytes))
-                    .unwrap()
-                    .page_stitching
-            );
+            let knobs = Knobs::arbitrary(&mut Unstructured::new(&bytes)).unwrap();
+            if knobs.page_stitching {
+                assert!(knobs.expandable_segments && knobs.reclaim_headroom.is_some());
+                assert!(!knobs.page_aliasing, "never beside rule 22");
+            }
+            if knobs.expandable_segments && knobs.reclaim_headroom.is_some() && !knobs.page_aliasing
+            {
+                drawn[usize::from(knobs.page_stitching)] += 1;
+            }
         }
+        assert!(drawn[0] > 0 && drawn[1] > 0, "{drawn:?}");
+        assert!(
+            !Knobs::arbitrary(&mut Unstructured::new(&[]))
+                .unwrap()
+                .page_stitching
+        );
     }
 
     #[test]

@@ -23,7 +23,7 @@ pub fn model_config(knobs: &Knobs) -> ModelConfig {
     c.expandable_page = knobs.expandable_page;
     c.reclaim_headroom = knobs.reclaim_headroom;
     c.page_aliasing = knobs.page_aliasing;
-    // page_stitching: mapped onto the model's config on the model's branch
+    c.page_stitching = knobs.page_stitching;
     c
 }
 
@@ -99,6 +99,12 @@ impl ModelSide {
             model: Model::new(model_config(knobs)),
             threads: false,
         }
+    }
+
+    /// The model itself, to read what the [`Side`] interface does not report (rule 23's
+    /// views).
+    pub fn model(&self) -> &Model {
+        &self.model
     }
 
     /// The model configured by `knobs`, making each call on the thread it names (rule 17:
@@ -184,11 +190,12 @@ impl Side for ModelSide {
                             cachalot_model::BlockState::Free => BlockKind::Free,
                             cachalot_model::BlockState::Allocated => BlockKind::Allocated,
                             cachalot_model::BlockState::Pending => BlockKind::Pending,
+                            cachalot_model::BlockState::Held => BlockKind::Held,
                         };
                         BlockView {
                             address: b.address,
                             size: b.size,
-                            requested: if kind == BlockKind::Free {
+                            requested: if matches!(kind, BlockKind::Free | BlockKind::Held) {
                                 0
                             } else {
                                 b.requested

@@ -50,6 +50,7 @@ fn blocks(m: &Model, r: usize) -> Vec<(u64, u64, &'static str)> {
                 (true, _, crate::BlockState::Free) => "free",
                 (true, _, crate::BlockState::Allocated) => "alloc",
                 (true, _, crate::BlockState::Pending) => "pending",
+                (true, _, crate::BlockState::Held) => "held",
             };
             ((b.address - range.address) / MIB, b.size / MIB, kind)
         })

@@ -32,6 +32,7 @@ fn ranges(m: &Model) -> Vec<Vec<(u64, u64, &'static str)>> {
                         (true, BlockState::Free) => "free",
                         (true, BlockState::Allocated) => "alloc",
                         (true, BlockState::Pending) => "pending",
+                        (true, BlockState::Held) => "held",
                     };
                     (b.address - range.address, b.size, state)
                 })
