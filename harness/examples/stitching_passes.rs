@@ -22,9 +22,9 @@ use std::path::{Path, PathBuf};
 
 use cachalot::Settings;
 use cachalot_harness::replay::{Pass, model_passes_logged};
-use cachalot_tools::replay::ReplayProgram;
 use cachalot_harness::scenario::Knobs;
 use cachalot_tools::replay::H200_MEMORY;
+use cachalot_tools::replay::ReplayProgram;
 use cachalot_tools::replay::SnapshotExt;
 use cachalot_tools::snapshot::{read_figures_for, read_snapshot};
 
@@ -179,9 +179,8 @@ fn main() {
                             passes[1..].iter().map(|p| calls(p).to_string()).collect();
                         format!("{}; {}", calls(&passes[0]), later.join(" "))
                     };
-                    let ooms = |passes: &[Pass]| -> usize {
-                        passes.iter().map(|p| p.out_of_memory).sum()
-                    };
+                    let ooms =
+                        |passes: &[Pass]| -> usize { passes.iter().map(|p| p.out_of_memory).sum() };
                     let last = &row.stitching[PASSES - 1];
                     println!(
                         "| {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {}/{}/{} |",

@@ -513,7 +513,10 @@ impl Model {
             let n = view.homes.len();
             let distinct: BTreeSet<u64> = view.homes.iter().copied().collect();
             if n == 0 || distinct.len() != n {
-                return fault(format!("{name}: {n} slots, {} distinct homes", distinct.len()));
+                return fault(format!(
+                    "{name}: {n} slots, {} distinct homes",
+                    distinct.len()
+                ));
             }
             let Some(reservation) = self
                 .device
@@ -524,12 +527,16 @@ impl Model {
                 return fault(format!("{name}: no device reservation"));
             };
             if reservation.size != n as u64 * page || reservation.slots.len() != n {
-                return fault(format!("{name}: the reservation is not n whole mapped slots"));
+                return fault(format!(
+                    "{name}: the reservation is not n whole mapped slots"
+                ));
             }
             for (slot, &home) in view.homes.iter().enumerate() {
-                let Some(s) = self.segments.iter().position(|r| {
-                    r.expandable && r.address <= home && home - r.address < r.size
-                }) else {
+                let Some(s) = self
+                    .segments
+                    .iter()
+                    .position(|r| r.expandable && r.address <= home && home - r.address < r.size)
+                else {
                     return fault(format!("{name}: home {home:#x} lies in no range"));
                 };
                 let range = &self.segments[s];
@@ -537,7 +544,9 @@ impl Model {
                     || !self.pool_stitches(range.pool)
                     || !(home - range.address).is_multiple_of(page)
                 {
-                    return fault(format!("{name}: home {home:#x} is not a slot of its ranges"));
+                    return fault(format!(
+                        "{name}: home {home:#x} is not a slot of its ranges"
+                    ));
                 }
                 let mapped = range
                     .blocks
@@ -609,7 +618,10 @@ impl Model {
             return fault("held bytes differ from the views' allocations".into());
         }
         if self.view_bytes() > self.view_cap() {
-            return fault(format!("views hold {} bytes, over the cap", self.view_bytes()));
+            return fault(format!(
+                "views hold {} bytes, over the cap",
+                self.view_bytes()
+            ));
         }
         Ok(())
     }

@@ -84,8 +84,7 @@ impl Model {
             return self.free(address);
         }
         let live = self.live_allocation(address)?;
-        let parkable =
-            self.owners.get(&address) == Some(&thread) && !self.live_facts(live).2;
+        let parkable = self.owners.get(&address) == Some(&thread) && !self.live_facts(live).2;
         if !parkable {
             return self.free(address);
         }

@@ -108,7 +108,10 @@ fn a_view_is_a_reservation_of_its_own_that_no_statistic_or_segment_lists() {
     assert_eq!((layout[0].address, layout[0].size), (BASE, 8 * MIB));
     // Its slots map the pages at their homes: the device's page table says so.
     assert_eq!(m.device.page_at(VIEW0), m.device.page_at(BASE));
-    assert_eq!(m.device.page_at(VIEW0 + 2 * MIB), m.device.page_at(BASE + 2 * MIB));
+    assert_eq!(
+        m.device.page_at(VIEW0 + 2 * MIB),
+        m.device.page_at(BASE + 2 * MIB)
+    );
 }
 
 #[test]
@@ -312,7 +315,10 @@ fn a_view_used_on_another_stream_waits_for_its_events() {
     assert_eq!(st.allocated_bytes.all.current, 0);
     assert_eq!(st.active_bytes.all.current, (4 * MIB) as i64);
     assert_eq!(blocks(&m, 0)[0], (0, 4, "held"));
-    assert_eq!(m.free(d), Err(crate::ModelError::UnknownAddress { address: d }));
+    assert_eq!(
+        m.free(d),
+        Err(crate::ModelError::UnknownAddress { address: d })
+    );
     // Another 4 MiB: view 0 is in use (pending), so a second view is made.
     let e = malloc(&mut m, 4 * MIB);
     assert_eq!(e, VIEW0 + 4 * MIB);
@@ -443,7 +449,10 @@ fn a_view_may_map_pages_of_the_small_pool_when_its_page_is_p() {
     for a in small {
         free(&mut m, a);
     }
-    assert_eq!(m.stats().reserved_bytes.small_pool.current, (4 * MIB) as i64);
+    assert_eq!(
+        m.stats().reserved_bytes.small_pool.current,
+        (4 * MIB) as i64
+    );
     // Large: 4 MiB requested, W = 4 MiB; 0 + 4 reserved in the large pool... limit 4 MiB:
     // 4 + 4 > 4, and the small pool's two free pages make a view.
     let d = malloc(&mut m, 4 * MIB);
