@@ -108,8 +108,9 @@ pub struct Pass {
     /// Rule 23: the bytes of address space those views hold.
     pub view_bytes: u64,
     /// When asked for ([`model_passes_logged`]): each operation of the pass that made device
-    /// calls, as `(operation index, num_device_alloc rise, num_device_free rise)`.
-    pub calls_at: Vec<(usize, u64, u64)>,
+    /// calls, as `(operation index, num_device_alloc rise, num_device_free rise, views after
+    /// it, reserved bytes after it)`.
+    pub calls_at: Vec<(usize, u64, u64, usize, u64)>,
 }
 
 /// One side alone as a replay target: each call made through [`Side::call`], any outcome
@@ -208,7 +209,25 @@ pub fn model_passes_logged(
     check: bool,
     log: bool,
 ) -> Result<Vec<Pass>, String> {
-    let mut target = Solo(ModelSide::new(knobs));
+    model_passes_with_config(
+        program,
+        crate::side::model_config(knobs),
+        passes,
+        check,
+        log,
+    )
+}
+
+/// [`model_passes_logged`] on a model made from `config` itself (for settings the knobs do
+/// not express, such as a measurement switch of the model's).
+pub fn model_passes_with_config(
+    program: &ReplayProgram,
+    config: cachalot_model::ModelConfig,
+    passes: usize,
+    check: bool,
+    log: bool,
+) -> Result<Vec<Pass>, String> {
+    let mut target = Solo(ModelSide::from_config(config));
     let mut out = Vec::with_capacity(passes);
     let (mut allocs, mut frees, mut reserved) = (0, 0, 0);
     for pass in 0..passes {
@@ -232,7 +251,9 @@ pub fn model_passes_logged(
                 let a = after.num_device_alloc - before.num_device_alloc;
                 let f = after.num_device_free - before.num_device_free;
                 if a + f > 0 {
-                    done.calls_at.push((i, a, f));
+                    let views = target.0.model().views().len();
+                    let reserved = after.reserved_bytes.all.current as u64;
+                    done.calls_at.push((i, a, f, views, reserved));
                 }
             }
             if check {

@@ -94,7 +94,12 @@ impl Model {
             self.segments[s].blocks[b].in_free_set()
         });
         let mut candidates = Vec::new();
+        // The proposed wording of rule 23 (a measurement switch): own pool and stream only.
+        let own_only = self.stitching() && self.config.proposed_reclaim_own_pool_and_stream;
         for range in self.segments.iter().filter(|s| s.expandable) {
+            if own_only && (range.pool != pool || range.stream != stream) {
+                continue;
+            }
             let page = self.page_size(range.pool);
             for block in &range.blocks {
                 // Allocated and pending blocks are not free; unmapped ones hold nothing.

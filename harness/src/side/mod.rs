@@ -12,7 +12,7 @@ mod model;
 mod threads;
 
 pub use self::core::{CoreSide, FaultKind, adoption_from_allocator};
-pub use self::model::ModelSide;
+pub use self::model::{ModelSide, model_config};
 pub use self::threads::ThreadedSide;
 
 /// One concrete call on a side: addresses and streams resolved, thread named.

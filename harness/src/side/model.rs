@@ -101,6 +101,14 @@ impl ModelSide {
         }
     }
 
+    /// The model made from `config` itself, on one thread (rules 1–16).
+    pub fn from_config(config: ModelConfig) -> ModelSide {
+        ModelSide {
+            model: Model::new(config),
+            threads: false,
+        }
+    }
+
     /// The model itself, to read what the [`Side`] interface does not report (rule 23's
     /// views).
     pub fn model(&self) -> &Model {

@@ -624,3 +624,33 @@ fn a_repeating_loop_reuses_its_views_and_makes_no_device_call_after_the_first_pa
     }
     assert_eq!(per_pass, vec![(2, 0), (0, 0), (0, 0), (0, 0)]);
 }
+
+// ---- The measurement switch of the proposed wording (not in ARCHITECTURE.md) ----
+
+#[test]
+fn under_the_proposed_wording_rule_20_reclaims_only_the_requests_pool_and_stream() {
+    for proposed in [false, true] {
+        let mut c = config(16 * MIB);
+        c.proposed_reclaim_own_pool_and_stream = proposed;
+        let mut m = Model::new(c);
+        let x = malloc(&mut m, 8 * MIB);
+        free(&mut m, x);
+        let a = malloc(&mut m, 4 * MIB);
+        free(&mut m, a);
+        // The range is 18 MiB on 16 MiB: the view right after it.
+        assert_eq!(a, BASE + 18 * MIB);
+        // Stream 1, 4 MiB, over the limit (w = 8, 8 + 4 > 8) with no free page of its own:
+        // as written, stream 0's free block is reclaimed (its view destroyed first); under
+        // the proposal it is not a candidate, and stream 1's range grows on new pages.
+        let e = malloc_on(&mut m, 4 * MIB, 1);
+        let reserved = m.stats().reserved_bytes.all.current as u64;
+        if proposed {
+            assert_eq!(m.views(), vec![(a, 4 * MIB, false)]);
+            assert_eq!(reserved, 12 * MIB);
+        } else {
+            assert!(m.views().is_empty());
+            assert_eq!(reserved, 4 * MIB);
+        }
+        free(&mut m, e);
+    }
+}
