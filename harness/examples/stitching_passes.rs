@@ -21,9 +21,8 @@
 use std::path::{Path, PathBuf};
 
 use cachalot::Settings;
-use cachalot_harness::replay::{Pass, model_passes_logged, model_passes_with_config};
+use cachalot_harness::replay::{Pass, model_passes_logged};
 use cachalot_harness::scenario::Knobs;
-use cachalot_harness::side::model_config;
 use cachalot_tools::replay::H200_MEMORY;
 use cachalot_tools::replay::ReplayProgram;
 use cachalot_tools::replay::SnapshotExt;
@@ -61,7 +60,6 @@ struct Row {
     off: Vec<Pass>,
     aliasing: Vec<Pass>,
     stitching: Vec<Pass>,
-    proposed: Vec<Pass>,
     program: ReplayProgram,
 }
 
@@ -114,12 +112,6 @@ fn run(pickle: &Path, check: bool, log: bool) -> Result<Vec<Row>, String> {
             .map_err(|e| format!("device {device}, rule 22: {e}"))?;
         let stitching = model_passes_logged(&program, &knobs(false, true), PASSES, check, log)
             .map_err(|e| format!("device {device}, rule 23: {e}"))?;
-        // The proposed wording (a model switch, not in ARCHITECTURE.md): while rule 23 is on,
-        // rule 20 reclaims only the request's own pool and stream.
-        let mut proposed_config = model_config(&knobs(false, true));
-        proposed_config.proposed_reclaim_own_pool_and_stream = true;
-        let proposed = model_passes_with_config(&program, proposed_config, PASSES, check, false)
-            .map_err(|e| format!("device {device}, rule 23 proposed: {e}"))?;
         let name = if several {
             format!("{stem} (device {device})")
         } else {
@@ -131,7 +123,6 @@ fn run(pickle: &Path, check: bool, log: bool) -> Result<Vec<Row>, String> {
             off,
             aliasing,
             stitching,
-            proposed,
             program,
         });
     }
@@ -173,9 +164,9 @@ fn main() {
     );
     println!();
     println!(
-        "| trace | ops | off: pass 1; 2–{PASSES} | ratio | rule 22: pass 1; 2–{PASSES} | ratio | rule 23: pass 1; 2–{PASSES} | ratio | views (MiB) | 23 proposed: pass 1; 2–{PASSES} | ratio | views (MiB) | OOMs off/22/23/23p |"
+        "| trace | ops | off: pass 1; 2–{PASSES} | ratio | rule 22: pass 1; 2–{PASSES} | ratio | rule 23: pass 1; 2–{PASSES} | ratio | views (MiB) | OOMs off/22/23 |"
     );
-    println!("|---|---:|---|---:|---|---:|---|---:|---:|---|---:|---:|---|");
+    println!("|---|---:|---|---:|---|---:|---|---:|---:|---|");
     let mut failures = Vec::new();
     let mut logs = Vec::new();
     for path in &paths {
@@ -191,9 +182,8 @@ fn main() {
                     let ooms =
                         |passes: &[Pass]| -> usize { passes.iter().map(|p| p.out_of_memory).sum() };
                     let last = &row.stitching[PASSES - 1];
-                    let plast = &row.proposed[PASSES - 1];
                     println!(
-                        "| {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {} | {} ({}) | {}/{}/{}/{} |",
+                        "| {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {}/{}/{} |",
                         row.name,
                         row.ops,
                         cell(&row.off),
@@ -204,14 +194,9 @@ fn main() {
                         ratio(last),
                         last.views,
                         last.view_bytes / MIB,
-                        cell(&row.proposed),
-                        ratio(plast),
-                        plast.views,
-                        plast.view_bytes / MIB,
                         ooms(&row.off),
                         ooms(&row.aliasing),
                         ooms(&row.stitching),
-                        ooms(&row.proposed),
                     );
                     if log {
                         for (pass, p) in row.stitching.iter().enumerate().skip(1) {

@@ -217,3 +217,26 @@ fn the_view_made_first_serves_when_two_are_usable_alike() {
         6 * 2 * MIB + 5 * MIB
     );
 }
+
+/// Rule 23f: while stitching is on, rule 20 reclaims only the request's pool (every stream).
+/// A small block's page (the small pool's), freed; a 4 MiB request over the limit (W 4 MiB,
+/// 2 + 4 > 4) with one free page for two: no view, the small page is not a candidate, the
+/// large pool grows (reserved 6 MiB, nothing unmapped). Then stream 1's 4 MiB request: stream
+/// 0's free large block is a candidate (unmapped: 1 free), the small page still is not.
+#[test]
+fn while_stitching_rule_20_reclaims_only_the_requests_pool_alike() {
+    let ops = vec![
+        malloc(512 * 1024),
+        free(0),
+        malloc(4 * MIB),
+        free(0),
+        Op::Malloc {
+            size: 4 * MIB,
+            stream: 1,
+        },
+    ];
+    let o = run(knobs(0.0), ops);
+    assert_eq!(stat(&o, "reserved_bytes.small_pool.current"), 2 * MIB);
+    assert_eq!(stat(&o, "reserved_bytes.all.current"), 6 * MIB);
+    assert_eq!(stat(&o, "num_device_free"), 1);
+}

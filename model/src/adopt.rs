@@ -233,6 +233,18 @@ impl Model {
                 held.address, held.size
             ));
         }
+        // Rule 23a: a view's reservation, free or in use, is address space held too.
+        let page = self.config.expandable_page;
+        if let Some(view) = self
+            .views
+            .iter()
+            .find(|v| overlaps(address, size, v.address, v.homes.len() as u64 * page))
+        {
+            return Err(format!(
+                "{address:#x} (+{size}) overlaps the stitched view at {:#x}",
+                view.address
+            ));
+        }
         Ok(())
     }
 

@@ -60,11 +60,6 @@ pub struct ModelConfig {
     /// It acts only under expandable segments with a `reclaim_headroom` set, and is refused
     /// beside `page_aliasing`.
     pub page_stitching: bool,
-    /// Not in ARCHITECTURE.md: a measurement switch for a proposed wording of rule 23 (see
-    /// `results/stitching-2026-12-01/README.md`). While page stitching is on, rule 20's
-    /// reclaim takes only free blocks of the request's own pool and stream. Off by default;
-    /// the harness's compared scenarios never set it.
-    pub proposed_reclaim_own_pool_and_stream: bool,
 }
 
 impl ModelConfig {
@@ -88,7 +83,6 @@ impl ModelConfig {
             reclaim_headroom: None,
             page_aliasing: false,
             page_stitching: false,
-            proposed_reclaim_own_pool_and_stream: false,
         }
     }
 

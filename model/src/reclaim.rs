@@ -94,10 +94,10 @@ impl Model {
             self.segments[s].blocks[b].in_free_set()
         });
         let mut candidates = Vec::new();
-        // The proposed wording of rule 23 (a measurement switch): own pool and stream only.
-        let own_only = self.stitching() && self.config.proposed_reclaim_own_pool_and_stream;
+        // Rule 23f: while stitching is on, only the request's pool (every stream).
+        let own_pool_only = self.stitching();
         for range in self.segments.iter().filter(|s| s.expandable) {
-            if own_only && (range.pool != pool || range.stream != stream) {
+            if own_pool_only && range.pool != pool {
                 continue;
             }
             let page = self.page_size(range.pool);

@@ -300,6 +300,18 @@ impl<B: Backend> CachingCore<B> {
                 held.address
             ));
         }
+        // Rule 23a: a view's reservation, free or in use, is address space held too.
+        if let Some(v) = &self.views
+            && let Some(view) = v.views.values().find(|view| {
+                let bytes = view.homes.len() as u64 * v.page;
+                view.address < end && address < view.address + bytes
+            })
+        {
+            return Err(format!(
+                "{address:#x} (+{size}) overlaps a stitched view held at {:#x}",
+                view.address
+            ));
+        }
         Ok(())
     }
 }

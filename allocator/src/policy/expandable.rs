@@ -61,7 +61,13 @@ impl<B: Backend> CachingCore<B> {
             .map(|(id, _)| id)
             .filter(|&id| self.blocks.get(id).mapped());
         let mut listed: Vec<(u64, u64, BlockId)> = Vec::new();
-        for set in &self.free {
+        // Rule 23f: while stitching is on, only the request's pool (every stream) is reclaimed,
+        // so that pages do not move back and forth between the pools every pass.
+        let own_pool_only = self.views.is_some();
+        for (p, set) in self.free.iter().enumerate() {
+            if own_pool_only && p != pool.index() {
+                continue;
+            }
             for &(_, _, _, id) in set {
                 if Some(id) == start {
                     continue;
