@@ -214,6 +214,7 @@ impl CudaAllocator {
         {
             Settings {
                 expandable_segments: false,
+                page_stitching: false,
                 ..settings
             }
         } else {

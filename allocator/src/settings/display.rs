@@ -99,8 +99,12 @@ impl Settings {
                 bool_word(self.page_aliasing)
             ));
         }
-        // Rule 23: stitched views need expandable segments too, and are named only with them.
-        if self.expandable_segments && self.page_stitching != d.page_stitching {
+        // Rule 23: stitched views need expandable segments too, and are named only with them;
+        // page aliasing implies them off (a string asking for it turns inherited ones off).
+        if self.expandable_segments
+            && self.page_stitching != d.page_stitching
+            && !(self.page_aliasing && !self.page_stitching)
+        {
             parts.push(format!(
                 "{}:{}",
                 Key::PageStitching.name(),

@@ -326,6 +326,10 @@ impl Settings {
     ///   program ever asked for. This needs a backend with virtual memory
     ///   ([`Backend::virtual_memory`](crate::backend::Backend::virtual_memory)); the CUDA
     ///   allocator given exactly these defaults on a GPU without it uses segments instead.
+    /// * `page_stitching` is on (rule 23): a large request that would otherwise have reclaim
+    ///   move pages gets a *view* of free pages mapped where they are, kept for the next time
+    ///   the same request comes, so a loop whose allocations repeat stops making driver calls
+    ///   after its first passes.
     pub fn cachalot() -> Settings {
         Settings {
             thread_cache_blocks: THREAD_CACHE_BLOCKS,
@@ -333,7 +337,7 @@ impl Settings {
             expandable_page_size: CACHALOT_EXPANDABLE_PAGE,
             reclaim_headroom: Some(RECLAIM_HEADROOM),
             page_aliasing: false,
-            page_stitching: false,
+            page_stitching: true,
             ..Settings::pytorch()
         }
     }

@@ -73,7 +73,9 @@ impl Settings {
     /// `page_stitching` need `expandable_segments:True` (rules 22, 23). A string that asks for
     /// one (`asked`, `asked_stitching`) without expandable segments is refused; one that turns
     /// expandable segments off without naming it turns what it inherited off too. The two
-    /// cannot be on together (rule 23): such settings are refused.
+    /// cannot be on together (rule 23): a string that asks for page aliasing turns an inherited
+    /// stitching off; one that asks for both (or for stitching over inherited aliasing) is
+    /// refused.
     fn finish(mut self, asked: bool, asked_stitching: bool) -> Result<Settings, SettingsError> {
         if self.page_stitching && !self.expandable_segments {
             if asked_stitching {
@@ -96,6 +98,11 @@ impl Settings {
                 ));
             }
             self.page_aliasing = false;
+        }
+        // A string that asks for page aliasing over settings that only inherited stitching
+        // (cachalot's policy has it, rule 21) chooses aliasing instead.
+        if self.page_stitching && self.page_aliasing && asked && !asked_stitching {
+            self.page_stitching = false;
         }
         if self.page_stitching && self.page_aliasing {
             return Err(invalid(

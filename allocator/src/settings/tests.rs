@@ -73,7 +73,8 @@ fn pytorch_defaults_are_those_of_pytorch_2() {
 }
 
 #[test]
-fn cachalot_defaults_are_pytorchs_plus_thread_caches_expandable_2_mib_pages_reclaim_and_aliasing() {
+fn cachalot_defaults_are_pytorchs_plus_thread_caches_expandable_2_mib_pages_reclaim_and_stitching()
+{
     // Rule 21. Display compares the keys where the two defaults differ with cachalot's (parse
     // starts from cachalot's), every other key with PyTorch's.
     assert_eq!(Settings::default(), Settings::cachalot());
@@ -84,9 +85,11 @@ fn cachalot_defaults_are_pytorchs_plus_thread_caches_expandable_2_mib_pages_recl
             expandable_segments: true,
             expandable_page_size: 2 * MB,
             reclaim_headroom: Some(0.025),
+            page_stitching: true,
             ..Settings::pytorch()
         }
     );
+    assert!(!Settings::pytorch().page_stitching);
     assert_eq!(Settings::pytorch().thread_cache_blocks, 0);
     assert!(!Settings::pytorch().page_aliasing);
     assert_eq!(Settings::pytorch().expandable_page_size, 20 * MB);
@@ -1063,16 +1066,18 @@ fn hand_written_settings_display_canonically_and_parse_back() {
 #[test]
 fn page_aliasing_is_printed_only_beside_expandable_segments() {
     // Over PyTorch's defaults, cachalot's settings name every key of rule 21 (aliasing is not
-    // one of them); with aliasing on, it is named last.
+    // one of them, stitching is, last); with aliasing on (and so stitching off), it is named
+    // last.
     let own = Settings::cachalot().config_over(&Settings::pytorch());
     assert_eq!(
         own,
         "expandable_segments:True,expandable_page_mb:2,reclaim_headroom:0.025,\
-         thread_cache_blocks:8"
+         thread_cache_blocks:8,page_stitching:True"
     );
     assert_eq!(Settings::pytorch().apply(&own), Ok(Settings::cachalot()));
     let aliasing = Settings {
         page_aliasing: true,
+        page_stitching: false,
         ..Settings::cachalot()
     };
     let shown = aliasing.config_over(&Settings::pytorch());
@@ -1083,6 +1088,7 @@ fn page_aliasing_is_printed_only_beside_expandable_segments() {
     let fallback = Settings {
         expandable_segments: false,
         page_aliasing: true,
+        page_stitching: false,
         ..Settings::cachalot()
     };
     let shown = fallback.config_over(&Settings::pytorch());
@@ -1093,10 +1099,10 @@ fn page_aliasing_is_printed_only_beside_expandable_segments() {
 
 #[test]
 fn page_stitching_is_read_as_a_boolean_over_expandable_segments() {
-    // Rule 23: off in cachalot's defaults and in PyTorch's, spelled True or False.
-    assert!(!Settings::cachalot().page_stitching);
+    // Rule 23: on in cachalot's defaults (rule 21), off in PyTorch's, spelled True or False.
+    assert!(Settings::cachalot().page_stitching);
     assert!(!Settings::pytorch().page_stitching);
-    assert!(!parse("").page_stitching);
+    assert!(parse("").page_stitching);
     assert!(parse("page_stitching:True").page_stitching);
     assert!(!parse("page_stitching:False").page_stitching);
     assert!(parse("page_stitching:False,page_stitching:True").page_stitching);
@@ -1166,8 +1172,12 @@ fn page_stitching_beside_page_aliasing_is_refused() {
         .apply("page_aliasing:False,page_stitching:True")
         .unwrap();
     assert!(s.page_stitching && !s.page_aliasing);
+    // Asking for aliasing over settings that only inherited stitching (cachalot's defaults)
+    // turns stitching off; naming both is refused.
     let stitching = parse("page_stitching:True");
-    assert!(stitching.apply("page_aliasing:True").is_err());
+    let s = stitching.apply("page_aliasing:True").unwrap();
+    assert!(s.page_aliasing && !s.page_stitching);
+    assert_eq!(parse("page_aliasing:True"), s);
     let e = err("page_stitching:True,page_aliasing:True").to_string();
     assert!(
         e.contains("page_stitching") && e.contains("page_aliasing"),
@@ -1177,16 +1187,15 @@ fn page_stitching_beside_page_aliasing_is_refused() {
 
 #[test]
 fn page_stitching_is_printed_only_when_on_beside_expandable_segments() {
+    // Display names what differs from cachalot's defaults, where stitching is on.
     assert!(!Settings::cachalot().to_string().contains("page_stitching"));
-    let stitching = Settings {
-        page_stitching: true,
-        ..Settings::cachalot()
-    };
-    assert_eq!(stitching.to_string(), "page_stitching:True");
+    let stitching = Settings::cachalot();
     let shown = stitching.config_over(&Settings::pytorch());
     assert!(shown.ends_with(",page_stitching:True"), "{shown}");
     assert_eq!(Settings::pytorch().apply(&shown), Ok(stitching));
-    assert_eq!(parse("page_stitching:False").to_string(), "");
+    let off = parse("page_stitching:False");
+    assert_eq!(off.to_string(), "page_stitching:False");
+    assert_eq!(parse(&off.to_string()), off);
     let fallback = Settings {
         expandable_segments: false,
         page_stitching: true,
