@@ -1,4 +1,5 @@
-//! Cache-hit alloc+free pairs on the simulated device, at 1, 2, 4 and 8 threads, with
+//! Cache-hit alloc+free pairs on the simulated device, per size class (512 B, 64 KiB, 2 MiB,
+//! 64 MiB), on one thread and at 1, 2 and 4 threads, with
 //! PyTorch's settings (one shared lock, every pair through the core) and cachalot's defaults
 //! (thread caches, rule 17). BENCHMARKS.md records the figures.
 //!
@@ -59,11 +60,20 @@ fn settings() -> [(&'static str, Settings); 2] {
     ]
 }
 
+/// The size classes of issue 25: a small-pool block, a larger small-pool one, a block of a
+/// large segment, and a whole large segment.
+const SIZES: [(&str, u64); 4] = [
+    ("512B", 512),
+    ("64KiB", 64 << 10),
+    ("2MiB", 2 * MIB),
+    ("64MiB", 64 * MIB),
+];
+
 fn one_thread(c: &mut Criterion) {
     let mut g = c.benchmark_group("pair_one_thread");
     for (name, s) in settings() {
         let a = allocator(&s);
-        for (label, size) in [("512B", 512), ("1MiB", MIB), ("64MiB", 64 * MIB)] {
+        for (label, size) in SIZES {
             pair(&a, size);
             g.bench_function(BenchmarkId::new(name, label), |b| b.iter(|| pair(&a, size)));
         }
@@ -71,17 +81,21 @@ fn one_thread(c: &mut Criterion) {
     g.finish();
 }
 
+/// Wall time per pair at 1, 2 and 4 threads, each size class (this 2-core machine: more
+/// threads than that measure oversubscription; 8 and 16 threads are the GPU host's figures).
 fn many_threads(c: &mut Criterion) {
-    let mut g = c.benchmark_group("pair_wall_1MiB");
-    for (name, s) in settings() {
-        let a = allocator(&s);
-        for threads in [1usize, 2, 4, 8] {
-            g.bench_function(BenchmarkId::new(name, threads), |b| {
-                b.iter_custom(|iters| run_threads(&a, threads, iters, MIB))
-            });
+    for (label, size) in SIZES {
+        let mut g = c.benchmark_group(format!("pair_wall_{label}"));
+        for (name, s) in settings() {
+            let a = allocator(&s);
+            for threads in [1usize, 2, 4] {
+                g.bench_function(BenchmarkId::new(name, threads), |b| {
+                    b.iter_custom(|iters| run_threads(&a, threads, iters, size))
+                });
+            }
         }
+        g.finish();
     }
-    g.finish();
 }
 
 criterion_group! {

@@ -22,7 +22,7 @@ use crate::settings::Settings;
 use crate::sizes::MAX_ALLOC_SIZE;
 use crate::stats::Stats;
 use crate::sync::{Arc, Mutex, MutexGuard, Ordering, SettingCell, lock};
-use crate::thread_cache::{self, Local, LocalState, Meta, Registry};
+use crate::thread_cache::{self, Local, Meta, Registry};
 
 /// A caching allocator for one device: `Send + Sync`, and cheap to clone (clones share the
 /// cache).
@@ -105,8 +105,9 @@ impl<B: Backend> std::fmt::Debug for Allocator<B> {
 
 impl<B: Backend> Inner<B> {
     /// Rule 17: frees one thread's parked blocks, oldest first.
-    fn flush(&mut self, st: &mut LocalState) {
-        for (address, _) in st.parked.drain(..) {
+    fn flush(&mut self, local: &Local) {
+        let parked = local.hold().drain_parked();
+        for (address, _) in parked {
             self.owners.remove(&address);
             // A parked block had no other-stream uses: freeing it records no event and
             // cannot fail.
@@ -118,27 +119,25 @@ impl<B: Backend> Inner<B> {
     /// Rule 17: frees every thread's parked blocks, threads in registration order.
     fn flush_all(&mut self) {
         for local in self.threads.clone() {
-            self.flush(&mut lock(&local.state));
+            self.flush(&local);
         }
     }
 
     fn any_parked(&self) -> bool {
-        self.threads
-            .iter()
-            .any(|l| !lock(&l.state).parked.is_empty())
+        self.threads.iter().any(|l| l.hold().parked_len() > 0)
     }
 
     /// Rule 17: threads that exited — their parked blocks are freed, their live blocks no
     /// longer belong to a thread, and they leave the registration order.
     fn retire(&mut self, registry: &Registry) {
         for local in registry.take_retired() {
-            let mut st = lock(&local.state);
-            self.flush(&mut st);
-            for address in st.live.keys() {
-                self.owners.remove(address);
+            self.flush(&local);
+            let h = local.hold();
+            for (address, _) in h.live() {
+                self.owners.remove(&address);
             }
-            st.live.clear();
-            drop(st);
+            h.clear_live();
+            drop(h);
             self.threads.retain(|l| !Arc::ptr_eq(l, &local));
         }
     }
@@ -160,7 +159,7 @@ impl<B: Backend> Allocator<B> {
                     threads: Vec::new(),
                     owners: FxHashMap::default(),
                 }),
-                registry: Arc::new(Registry::new()),
+                registry: Arc::new(Registry::new(capacity)),
                 configured: capacity,
                 capacity: SettingCell::new(capacity),
             }),
@@ -221,7 +220,7 @@ impl<B: Backend> Allocator<B> {
                 requested: size,
                 uses: false,
             };
-            lock(&l.state).live.insert(*address, meta);
+            l.hold().add_live(*address, meta);
             inner.owners.insert(*address, Arc::clone(l));
         }
         r
@@ -263,8 +262,8 @@ impl<B: Backend> Allocator<B> {
         let Some(owner) = inner.owners.get(&address).cloned() else {
             return inner.core.free(address);
         };
-        let mut st = lock(&owner.state);
-        let Some(&meta) = st.live.get(&address) else {
+        let h = owner.hold();
+        let Some(meta) = h.get_live(address) else {
             // Parked: the user already freed it.
             return Err(Error::UnknownPointer { address });
         };
@@ -274,18 +273,22 @@ impl<B: Backend> Allocator<B> {
         let capacity = self.shared.capacity.load(Ordering::Relaxed);
         if mine && !meta.uses && capacity > 0 {
             // The cache is full (or was when the fast path looked): the oldest block leaves.
-            if st.parked.len() >= capacity {
-                let (oldest, _) = st.parked.remove(0);
+            if h.parked_len() >= capacity
+                && let Some((oldest, _)) = h.pop_oldest()
+            {
                 inner.owners.remove(&oldest);
                 let r = inner.core.free(oldest);
                 debug_assert!(r.is_ok(), "freeing a parked block failed: {r:?}");
             }
-            st.live.remove(&address);
-            st.parked.push((address, meta));
+            let parked = h.park_live(address);
+            debug_assert!(
+                parked,
+                "a clean live block of this thread could not be parked"
+            );
             return Ok(());
         }
         inner.core.free(address)?;
-        st.live.remove(&address);
+        h.remove_live(address);
         inner.owners.remove(&address);
         Ok(())
     }
@@ -299,13 +302,13 @@ impl<B: Backend> Allocator<B> {
         let Some(owner) = inner.owners.get(&address).cloned() else {
             return inner.core.record_stream(address, stream);
         };
-        let mut st = lock(&owner.state);
-        let Some(meta) = st.live.get_mut(&address) else {
+        let h = owner.hold();
+        let Some(meta) = h.get_live(address) else {
             return Err(Error::UnknownPointer { address });
         };
         inner.core.record_stream(address, stream)?;
         if stream != meta.stream {
-            meta.uses = true;
+            h.mark_used(address);
         }
         Ok(())
     }
@@ -323,7 +326,7 @@ impl<B: Backend> Allocator<B> {
     pub fn flush_thread_cache(&self) {
         let mut g = self.lock();
         if let Some(local) = thread_cache::with_local(&self.shared.registry, Arc::clone) {
-            g.flush(&mut lock(&local.state));
+            g.flush(&local);
         }
     }
 
@@ -331,7 +334,7 @@ impl<B: Backend> Allocator<B> {
     /// statistics).
     pub fn thread_cached_blocks(&self) -> usize {
         let g = self.lock();
-        g.threads.iter().map(|l| lock(&l.state).parked.len()).sum()
+        g.threads.iter().map(|l| l.hold().parked_len()).sum()
     }
 
     /// Caps reserved memory at `fraction` of the device's capacity.
@@ -383,15 +386,17 @@ impl<B: Backend> Allocator<B> {
             .collect();
         let mut seen = 0usize;
         for (i, local) in g.threads.iter().enumerate() {
-            let st = lock(&local.state);
-            if st.parked.len() > self.shared.configured {
+            let h = local.hold();
+            let (live, parked) = (h.live(), h.parked());
+            drop(h);
+            if parked.len() > self.shared.configured {
                 return Err(InvariantViolation::ThreadCacheOverfull {
                     thread: i,
-                    kept: st.parked.len(),
+                    kept: parked.len(),
                     capacity: self.shared.configured,
                 });
             }
-            let addresses = st.live.keys().chain(st.parked.iter().map(|(a, _)| a));
+            let addresses = live.iter().chain(parked.iter()).map(|(a, _)| a);
             for a in addresses {
                 seen += 1;
                 if !allocated.contains(a) {
@@ -407,7 +412,8 @@ impl<B: Backend> Allocator<B> {
                     });
                 }
             }
-            if let Some((a, _)) = st.parked.iter().find(|(a, _)| st.live.contains_key(a)) {
+            let live: std::collections::HashSet<u64> = live.iter().map(|(a, _)| *a).collect();
+            if let Some((a, _)) = parked.iter().find(|(a, _)| live.contains(a)) {
                 return Err(InvariantViolation::LiveAndParked {
                     thread: i,
                     address: *a,

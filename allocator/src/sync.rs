@@ -6,18 +6,33 @@
 //! gives each modelled thread its own value and drops it when the thread ends.
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicBool, Ordering};
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 #[cfg(not(loom))]
 pub(crate) use std::sync::{Arc, Mutex, MutexGuard};
 #[cfg(not(loom))]
 pub(crate) use std::thread_local;
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicBool, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 #[cfg(loom)]
 pub(crate) use loom::sync::{Arc, Mutex, MutexGuard};
 #[cfg(loom)]
 pub(crate) use loom::thread_local;
+
+/// One turn of a wait for a flag another thread holds briefly (a thread cache's, see
+/// `thread_cache::Local::hold`): a spin hint and a yield, so that a holder that was
+/// descheduled gets the core back (the flag is rarely wanted by two threads at once). Under loom, a yield: the model then runs another
+/// thread.
+#[inline]
+pub(crate) fn spin_wait() {
+    #[cfg(not(loom))]
+    {
+        std::hint::spin_loop();
+        std::thread::yield_now();
+    }
+    #[cfg(loom)]
+    loom::thread::yield_now();
+}
 
 /// A setting read once per call on the front end's fast paths and changed only under the
 /// shared lock, by calls the loom models never make (history recording switching thread caches

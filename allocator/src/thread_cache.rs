@@ -6,20 +6,30 @@
 //! decision the core does not make, and the model makes it the same way (rule 17).
 //!
 //! Each thread that allocates through an [`Allocator`](crate::Allocator) gets one [`Local`]
-//! per allocator: the blocks handed to it and not yet freed (`live`), and the blocks it freed
-//! and kept (`parked`, oldest first). Only the thread itself adds to its `Local`; other threads
+//! per allocator: the blocks handed to it and not yet freed (*live*), and the blocks it freed
+//! and kept (*parked*, oldest first). Only the thread itself adds to its `Local`; other threads
 //! only take from it (a free of a block the thread was handed, a flush), always while holding
-//! the allocator's shared lock first. A thread's own fast path takes only its `Local`'s lock,
-//! which no other thread wants except in those slow operations, so threads do not contend.
+//! the allocator's shared lock first.
 //!
-//! Lock order: the shared lock (core), then a `Local`, then the registry's `retired` list.
+//! **The hit path.** A `Local` holds two short arrays — its parked blocks, oldest first, and
+//! the live blocks handed out most recently — and a map of the thread's other live blocks. The
+//! arrays are plain atomics guarded by one flag ([`Local::hold`]): the owner's cache hit and
+//! its free of a recent block take the flag (one compare-and-swap), look at the arrays from
+//! their newest end (a hit pair finds its block at once) and release it (a store): no mutex,
+//! no hash map, no allocation. The map (behind a mutex of its own, taken only with the flag
+//! held, so never contended) is for live blocks the recent array has no room for.
+//!
+//! Lock order: the shared lock (core), then a `Local`'s flag, then its map, then the
+//! registry's `retired` list.
 
 use std::cell::RefCell;
 
 use rustc_hash::FxHashMap;
 
 use crate::backend::StreamId;
-use crate::sync::{Arc, AtomicBool, Mutex, Ordering, lock, thread_local};
+use crate::sync::{
+    Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering, lock, spin_wait, thread_local,
+};
 
 /// What the front end remembers of a block it handed to a thread.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,58 +42,312 @@ pub(crate) struct Meta {
     pub uses: bool,
 }
 
-/// One thread's blocks of one allocator.
+/// The most live blocks a `Local` keeps in its array of recent ones (at least one).
+const RECENT_LIVE: usize = 16;
+
+/// A block in one of a `Local`'s arrays. Read and written only while the `Local`'s flag is
+/// held, so relaxed accesses suffice (the flag orders them); they compile to plain moves.
 #[derive(Debug, Default)]
-pub(crate) struct LocalState {
-    /// Blocks handed to this thread and not freed.
-    pub live: FxHashMap<u64, Meta>,
-    /// Blocks this thread freed and kept, oldest first. Still allocated in the core.
-    pub parked: Vec<(u64, Meta)>,
+struct Kept {
+    /// The block's address.
+    address: AtomicU64,
+    /// The size the user asked for.
+    requested: AtomicU64,
+    /// The stream (its id).
+    stream: AtomicU64,
+}
+
+/// An array of blocks, oldest first, with its length: the `Local`'s parked blocks, or its
+/// recent live ones.
+#[derive(Debug)]
+struct Blocks {
+    entries: Box<[Kept]>,
+    len: AtomicUsize,
+}
+
+const R: Ordering = Ordering::Relaxed;
+
+impl Blocks {
+    fn new(capacity: usize) -> Blocks {
+        Blocks {
+            entries: (0..capacity).map(|_| Kept::default()).collect(),
+            len: AtomicUsize::new(0),
+        }
+    }
+
+    #[inline]
+    fn len(&self) -> usize {
+        self.len.load(R)
+    }
+
+    #[inline]
+    fn get(&self, i: usize) -> (u64, Meta) {
+        let e = &self.entries[i];
+        let meta = Meta {
+            stream: StreamId(e.stream.load(R)),
+            requested: e.requested.load(R),
+            uses: false,
+        };
+        (e.address.load(R), meta)
+    }
+
+    #[inline]
+    fn set(&self, i: usize, address: u64, meta: Meta) {
+        let e = &self.entries[i];
+        e.address.store(address, R);
+        e.requested.store(meta.requested, R);
+        e.stream.store(meta.stream.0, R);
+    }
+
+    /// Appends a block; the caller made room.
+    #[inline]
+    fn push(&self, address: u64, meta: Meta) {
+        let n = self.len();
+        debug_assert!(n < self.entries.len(), "a thread cache's array overflowed");
+        self.set(n, address, meta);
+        self.len.store(n + 1, R);
+    }
+
+    /// Takes block `i` out, keeping the others' order.
+    #[inline]
+    fn remove(&self, i: usize) -> (u64, Meta) {
+        let out = self.get(i);
+        let n = self.len();
+        for j in i + 1..n {
+            let (a, m) = self.get(j);
+            self.set(j - 1, a, m);
+        }
+        self.len.store(n - 1, R);
+        out
+    }
+
+    /// The position of block `address`, newest first.
+    #[inline]
+    fn find(&self, address: u64) -> Option<usize> {
+        (0..self.len())
+            .rev()
+            .find(|&i| self.entries[i].address.load(R) == address)
+    }
+
+    fn all(&self) -> impl Iterator<Item = (u64, Meta)> + '_ {
+        (0..self.len()).map(|i| self.get(i))
+    }
 }
 
 /// One thread's cache for one allocator, on cache lines of its own (threads' caches must not
 /// share one: the fast paths of different threads would then contend after all).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 #[repr(align(128))]
 pub(crate) struct Local {
-    pub state: Mutex<LocalState>,
+    /// Held by whoever reads or changes the fields below: the owner on its fast paths, another
+    /// thread (holding the shared lock) for a flush or a free of one of this thread's blocks.
+    busy: AtomicBool,
+    /// Parked blocks, oldest first: at most the configured `N`.
+    parked: Blocks,
+    /// The live blocks handed out most recently, oldest first, none used on another stream.
+    recent: Blocks,
+    /// How many blocks `cold` holds (read first, so the map's lock is skipped when empty).
+    cold_len: AtomicUsize,
+    /// The other live blocks, including every block used on another stream.
+    cold: Mutex<FxHashMap<u64, Meta>>,
 }
 
 impl Local {
+    /// A cache for a thread of an allocator whose threads keep up to `n` blocks.
+    pub fn new(n: usize) -> Local {
+        Local {
+            busy: AtomicBool::new(false),
+            parked: Blocks::new(n),
+            recent: Blocks::new(n.clamp(1, RECENT_LIVE)),
+            cold_len: AtomicUsize::new(0),
+            cold: Mutex::new(FxHashMap::default()),
+        }
+    }
+
+    /// Takes the flag: the returned guard reads and changes the cache until it is dropped.
+    /// The owner holds it only for a short scan; another thread may hold it across one core
+    /// operation (under the shared lock), so waiting yields.
+    #[inline]
+    pub fn hold(&self) -> Held<'_> {
+        while self
+            .busy
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            spin_wait();
+        }
+        Held { local: self }
+    }
+
     /// The fast path of `malloc`: the most recently parked block of `stream` whose request was
     /// `size` bytes, now live again.
     #[inline]
     pub fn take(&self, size: u64, stream: StreamId) -> Option<u64> {
-        let mut st = lock(&self.state);
-        let i = st
-            .parked
-            .iter()
-            .rposition(|(_, m)| m.requested == size && m.stream == stream)?;
-        let (address, meta) = st.parked.remove(i);
-        st.live.insert(address, meta);
-        Some(address)
+        self.hold().take(size, stream)
     }
 
     /// The fast path of `free`: parks `address` when this thread was handed it, no other
     /// stream used it and the cache has room. False sends the free to the slow path.
     #[inline]
     pub fn park(&self, address: u64, capacity: usize) -> bool {
-        let mut st = lock(&self.state);
-        if st.parked.len() >= capacity {
+        let h = self.hold();
+        h.parked_len() < capacity && h.park_live(address)
+    }
+}
+
+/// A held [`Local`]: the cache's operations. Dropping it releases the flag.
+pub(crate) struct Held<'a> {
+    local: &'a Local,
+}
+
+impl Drop for Held<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        self.local.busy.store(false, Ordering::Release);
+    }
+}
+
+impl Held<'_> {
+    /// Blocks parked now.
+    #[inline]
+    pub fn parked_len(&self) -> usize {
+        self.local.parked.len()
+    }
+
+    #[inline]
+    fn take(&self, size: u64, stream: StreamId) -> Option<u64> {
+        let parked = &self.local.parked;
+        let i = (0..parked.len()).rev().find(|&i| {
+            let e = &parked.entries[i];
+            e.requested.load(R) == size && e.stream.load(R) == stream.0
+        })?;
+        let (address, meta) = parked.remove(i);
+        self.push_recent(address, meta);
+        Some(address)
+    }
+
+    /// Notes a clean live block as the most recent, the least recent moving to the map when
+    /// the array is full.
+    #[inline]
+    fn push_recent(&self, address: u64, meta: Meta) {
+        let recent = &self.local.recent;
+        if recent.len() == recent.entries.len() {
+            let (a, m) = recent.remove(0);
+            self.cold_insert(a, m);
+        }
+        recent.push(address, meta);
+    }
+
+    fn cold_insert(&self, address: u64, meta: Meta) {
+        let mut cold = lock(&self.local.cold);
+        cold.insert(address, meta);
+        self.local.cold_len.store(cold.len(), R);
+    }
+
+    /// Parks live block `address` if this thread holds it and no other stream used it (the
+    /// caller made room: fewer than `N` blocks are parked). False changes nothing.
+    #[inline]
+    pub fn park_live(&self, address: u64) -> bool {
+        if let Some(i) = self.local.recent.find(address) {
+            let (a, m) = self.local.recent.remove(i);
+            self.local.parked.push(a, m);
+            return true;
+        }
+        self.park_cold(address)
+    }
+
+    #[cold]
+    fn park_cold(&self, address: u64) -> bool {
+        if self.local.cold_len.load(R) == 0 {
             return false;
         }
-        match st.live.remove(&address) {
-            Some(meta) if !meta.uses => {
-                st.parked.push((address, meta));
+        let mut cold = lock(&self.local.cold);
+        match cold.get(&address) {
+            Some(m) if !m.uses => {
+                let m = *m;
+                cold.remove(&address);
+                self.local.cold_len.store(cold.len(), R);
+                self.local.parked.push(address, m);
                 true
             }
-            Some(meta) => {
-                // Used on another stream: the slow path frees it (rule 15).
-                st.live.insert(address, meta);
-                false
-            }
-            None => false,
+            _ => false,
         }
+    }
+
+    /// Notes a block just handed to this thread by the core.
+    pub fn add_live(&self, address: u64, meta: Meta) {
+        if meta.uses {
+            self.cold_insert(address, meta);
+        } else {
+            self.push_recent(address, meta);
+        }
+    }
+
+    /// The live block at `address`, if this thread holds it (parked blocks are not live).
+    pub fn get_live(&self, address: u64) -> Option<Meta> {
+        if let Some(i) = self.local.recent.find(address) {
+            return Some(self.local.recent.get(i).1);
+        }
+        if self.local.cold_len.load(R) == 0 {
+            return None;
+        }
+        lock(&self.local.cold).get(&address).copied()
+    }
+
+    /// Forgets live block `address` (freed through the core).
+    pub fn remove_live(&self, address: u64) -> Option<Meta> {
+        if let Some(i) = self.local.recent.find(address) {
+            return Some(self.local.recent.remove(i).1);
+        }
+        if self.local.cold_len.load(R) == 0 {
+            return None;
+        }
+        let mut cold = lock(&self.local.cold);
+        let meta = cold.remove(&address);
+        self.local.cold_len.store(cold.len(), R);
+        meta
+    }
+
+    /// Notes that another stream used live block `address`: it will not be parked.
+    pub fn mark_used(&self, address: u64) {
+        if let Some(i) = self.local.recent.find(address) {
+            let (a, mut m) = self.local.recent.remove(i);
+            m.uses = true;
+            self.cold_insert(a, m);
+        } else if let Some(m) = lock(&self.local.cold).get_mut(&address) {
+            m.uses = true;
+        }
+    }
+
+    /// The parked blocks, oldest first.
+    pub fn parked(&self) -> Vec<(u64, Meta)> {
+        self.local.parked.all().collect()
+    }
+
+    /// Takes every parked block out, oldest first.
+    pub fn drain_parked(&self) -> Vec<(u64, Meta)> {
+        let v = self.parked();
+        self.local.parked.len.store(0, R);
+        v
+    }
+
+    /// Takes the oldest parked block out.
+    pub fn pop_oldest(&self) -> Option<(u64, Meta)> {
+        (self.parked_len() > 0).then(|| self.local.parked.remove(0))
+    }
+
+    /// The live blocks: the recent ones, then the map's.
+    pub fn live(&self) -> Vec<(u64, Meta)> {
+        let mut v: Vec<(u64, Meta)> = self.local.recent.all().collect();
+        v.extend(lock(&self.local.cold).iter().map(|(a, m)| (*a, *m)));
+        v
+    }
+
+    /// Forgets every live block (the thread exited).
+    pub fn clear_live(&self) {
+        self.local.recent.len.store(0, R);
+        lock(&self.local.cold).clear();
+        self.local.cold_len.store(0, R);
     }
 }
 
@@ -97,11 +361,15 @@ pub(crate) struct Registry {
     pending: AtomicBool,
     /// False once the allocator is dropped: exiting threads then leave nothing behind.
     alive: AtomicBool,
+    /// The blocks each thread may keep (`Settings::thread_cache_blocks`): the size of a new
+    /// [`Local`].
+    blocks: usize,
 }
 
 impl Registry {
-    pub fn new() -> Registry {
+    pub fn new(blocks: usize) -> Registry {
         Registry {
+            blocks,
             retired: Mutex::new(Vec::new()),
             pending: AtomicBool::new(false),
             alive: AtomicBool::new(true),
@@ -194,7 +462,7 @@ pub(crate) fn register(registry: &Arc<Registry>) -> Option<(Arc<Local>, bool)> {
             if let Some(x) = entries.iter().find(|x| Arc::ptr_eq(&x.registry, registry)) {
                 return (Arc::clone(&x.local), false);
             }
-            let local = Arc::new(Local::default());
+            let local = Arc::new(Local::new(registry.blocks));
             entries.push(Entry {
                 registry: Arc::clone(registry),
                 local: Arc::clone(&local),
