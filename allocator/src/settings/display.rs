@@ -103,7 +103,7 @@ impl Settings {
         // page aliasing implies them off (a string asking for it turns inherited ones off).
         if self.expandable_segments
             && self.page_stitching != d.page_stitching
-            && !(self.page_aliasing && !self.page_stitching)
+            && (self.page_stitching || !self.page_aliasing)
         {
             parts.push(format!(
                 "{}:{}",
