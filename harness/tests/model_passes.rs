@@ -1,7 +1,7 @@
 //! Committed traces run several passes in a row through the model alone (no allocator side),
 //! under cachalot's policy with page aliasing (rule 22): where a trace's loop repeats its
 //! allocations, the passes after the first make no device call; the model's invariants hold
-//! after every operation. The measurement over every trace is the `aliasing_passes` example.
+//! after every operation. The measurement over every trace is the `stitching_passes` example.
 
 use std::path::{Path, PathBuf};
 
