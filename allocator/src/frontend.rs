@@ -19,7 +19,7 @@ use crate::invariants::InvariantViolation;
 use crate::policy::adopt::AdoptedSegment;
 use crate::policy::{CachingCore, SegmentInfo};
 use crate::settings::Settings;
-use crate::sizes::MAX_ALLOC_SIZE;
+use crate::sizes::{MAX_ALLOC_SIZE, SMALL_SIZE};
 use crate::stats::Stats;
 use crate::sync::{Arc, Mutex, MutexGuard, Ordering, SettingCell, lock};
 use crate::thread_cache::{self, Local, Meta, Registry};
@@ -28,7 +28,8 @@ use crate::thread_cache::{self, Local, Meta, Registry};
 /// cache).
 ///
 /// With [`Settings::thread_cache_blocks`] above zero (cachalot's defaults), each thread keeps
-/// the last blocks it freed, up to that many, and gets them back for its own requests of the
+/// the last small-pool blocks (requests of at most 1 MiB) it freed, up to that many, and gets
+/// them back for its own requests of the
 /// same size on the same stream without taking the shared lock (rule 17 of ARCHITECTURE.md).
 /// Kept blocks still count as allocated in [`Allocator::stats`]; [`Allocator::empty_cache`],
 /// an out-of-memory retry, [`Allocator::flush_thread_cache`] and the thread's exit give them
@@ -186,8 +187,10 @@ impl<B: Backend> Allocator<B> {
         if capacity == 0 || size == 0 || size > MAX_ALLOC_SIZE {
             return self.lock().core.malloc(size, stream);
         }
-        if let Some(Some(address)) =
-            thread_cache::with_local(&self.shared.registry, |l| l.take(size, stream))
+        // Rule 17b parks small-pool blocks only: a larger request cannot hit.
+        if size <= SMALL_SIZE
+            && let Some(Some(address)) =
+                thread_cache::with_local(&self.shared.registry, |l| l.take(size, stream))
         {
             return Ok(address);
         }
@@ -214,7 +217,8 @@ impl<B: Backend> Allocator<B> {
             inner.flush_all();
             r = inner.core.malloc(size, stream);
         }
-        if let (Ok(address), Some((l, _))) = (&r, &local) {
+        // Rule 17b: only small-pool blocks are ever parked, so only they are tracked.
+        if let (Ok(address), Some((l, _)), true) = (&r, &local, size <= SMALL_SIZE) {
             let meta = Meta {
                 stream,
                 requested: size,
@@ -228,8 +232,8 @@ impl<B: Backend> Allocator<B> {
 
     /// Frees the allocation at `address`; see [`CachingCore::free`].
     ///
-    /// With thread caches on, a block this thread was handed, that no other stream used, is
-    /// kept in the thread's cache (still allocated in the core); the oldest kept block is freed
+    /// With thread caches on, a small-pool block (requested size at most 1 MiB) this thread was
+    /// handed, that no other stream used, is kept in the thread's cache (still allocated in the core); the oldest kept block is freed
     /// when the cache is full (rule 17).
     #[inline]
     pub fn free(&self, address: u64) -> Result<(), Error> {

@@ -21,13 +21,15 @@ fn a_request_the_cache_cannot_serve_reuses_parked_blocks_instead_of_growing() {
     for expandable in [false, true] {
         let a = allocator(expandable);
         let s = StreamId(0);
-        let first = a.malloc(20 * MIB, s).unwrap();
+        // One small-pool segment (2 MiB) filled by two 1 MiB blocks; one is parked.
+        let first = a.malloc(MIB, s).unwrap();
+        let _other = a.malloc(MIB, s).unwrap();
         a.free(first).unwrap();
         assert_eq!(a.thread_cached_blocks(), 1);
         let reserved = a.stats().reserved_bytes.all.current;
         // Another requested size: not a parked hit; nothing free fits; the parked block is
         // freed first and serves it.
-        let second = a.malloc(19 * MIB, s).unwrap();
+        let second = a.malloc(MIB - 4096, s).unwrap();
         assert_eq!(second, first, "expandable {expandable}");
         assert_eq!(a.thread_cached_blocks(), 0);
         assert_eq!(
@@ -36,6 +38,24 @@ fn a_request_the_cache_cannot_serve_reuses_parked_blocks_instead_of_growing() {
             "expandable {expandable}"
         );
         a.free(second).unwrap();
+    }
+}
+
+#[test]
+fn large_blocks_are_freed_at_once_not_parked() {
+    // Rule 17b: only small-pool blocks (requests of at most 1 MiB) are parked.
+    for expandable in [false, true] {
+        let a = allocator(expandable);
+        let s = StreamId(0);
+        let large = a.malloc(MIB + 512, s).unwrap();
+        let small = a.malloc(MIB, s).unwrap();
+        a.free(large).unwrap();
+        a.free(small).unwrap();
+        assert_eq!(a.thread_cached_blocks(), 1, "expandable {expandable}");
+        assert_eq!(a.stats().allocation.all.current, 1);
+        assert!(a.free(large).is_err(), "freed twice");
+        assert_eq!(a.malloc(MIB, s).unwrap(), small);
+        a.check_invariants().unwrap();
     }
 }
 

@@ -76,15 +76,18 @@ impl Model {
         result
     }
 
-    /// Frees the allocation at `address` on `thread` (rule 17b): a block that belongs to
-    /// `thread` and no other stream used is parked, and the thread's oldest parked block is
+    /// Frees the allocation at `address` on `thread` (rule 17b): a small-pool block (requested
+    /// size at most 1 MiB) that belongs to `thread` and no other stream used is parked, and the thread's oldest parked block is
     /// freed if that makes one too many; any other free is rule 15.
     pub fn free_on(&mut self, thread: u32, address: u64) -> Result<(), ModelError> {
         if self.capacity() == 0 || address == 0 {
             return self.free(address);
         }
         let live = self.live_allocation(address)?;
-        let parkable = self.owners.get(&address) == Some(&thread) && !self.live_facts(live).2;
+        let (_, requested, used_elsewhere) = self.live_facts(live);
+        let parkable = self.owners.get(&address) == Some(&thread)
+            && !used_elsewhere
+            && requested <= crate::rules::SMALL_SIZE;
         if !parkable {
             return self.free(address);
         }
@@ -219,21 +222,44 @@ mod tests {
     fn parked_blocks_go_back_before_the_device_grows() {
         let mib = 1 << 20;
         let mut m = model(8);
-        let a = m.malloc_on(1, 20 * mib, 0).unwrap();
+        // One small-pool segment (2 MiB), filled by two 1 MiB blocks; one is parked.
+        let a = m.malloc_on(1, mib, 0).unwrap();
+        let x = m.malloc_on(1, mib, 0).unwrap();
         m.free_on(1, a).unwrap();
         assert_eq!(m.thread_cached_blocks(), 1);
         // Another size: no parked hit, and no cached block serves it, so the parked block is
         // freed first and serves the request; the device does not grow.
-        let b = m.malloc_on(1, 19 * mib, 0).unwrap();
+        let b = m.malloc_on(1, mib - 4096, 0).unwrap();
         assert_eq!(b, a);
         assert_eq!(m.thread_cached_blocks(), 0);
-        assert_eq!(m.device_used(), 20 * mib);
+        assert_eq!(m.device_used(), 2 * mib);
+        m.free(x).unwrap();
         // A request the cache can serve leaves parked blocks parked.
         let c = m.malloc_on(2, 4096, 0).unwrap();
         m.free_on(2, c).unwrap();
         let d = m.malloc_on(2, 8192, 0).unwrap();
         assert_ne!(d, c);
         assert_eq!(m.thread_cached_blocks(), 1);
+        m.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn only_small_pool_blocks_are_parked() {
+        // Rule 17b: a request of at most 1 MiB is a small-pool block and is parked; a larger
+        // one is freed at once (its pages stay free for rules 20 and 23).
+        let mib = 1 << 20;
+        let mut m = model(8);
+        let small = m.malloc_on(1, mib, 0).unwrap();
+        let large = m.malloc_on(1, mib + 1, 0).unwrap();
+        m.free_on(1, small).unwrap();
+        m.free_on(1, large).unwrap();
+        assert_eq!(m.thread_cached_blocks(), 1);
+        assert_eq!(m.stats().allocation.all.current, 1);
+        assert_eq!(
+            m.free(large),
+            Err(ModelError::UnknownAddress { address: large })
+        );
+        assert_eq!(m.malloc_on(1, mib, 0).unwrap(), small);
         m.check_invariants().unwrap();
     }
 

@@ -180,8 +180,8 @@ pub struct Settings {
     pub per_process_memory_fraction: Option<f64>,
     /// The device allocator behind the cache.
     pub backend: AllocatorBackend,
-    /// cachalot's own policy, not PyTorch's: how many freed blocks each thread keeps for
-    /// itself in front of the shared cache ([`crate::Allocator`]'s thread caches, rule 17 of
+    /// cachalot's own policy, not PyTorch's: how many freed small-pool blocks (requests of at
+    /// most 1 MiB) each thread keeps for itself in front of the shared cache ([`crate::Allocator`]'s thread caches, rule 17 of
     /// ARCHITECTURE.md). `0` (PyTorch's behaviour, [`Settings::pytorch`]) turns them off;
     /// cachalot's default is 8.
     pub thread_cache_blocks: u32,
@@ -318,8 +318,8 @@ impl Settings {
     /// cachalot's own defaults, also [`Default`] (rule 21 of ARCHITECTURE.md). They start from
     /// PyTorch's ([`Settings::pytorch`]) and depart from them in these ways:
     ///
-    /// * `thread_cache_blocks` is 8: each thread keeps up to that many of the blocks it freed,
-    ///   and hands them straight back to its own requests of the same size on the same stream
+    /// * `thread_cache_blocks` is 8: each thread keeps up to that many of the small-pool
+    ///   blocks it freed, and hands them straight back to its own requests of the same size on the same stream
     ///   (rule 17, checked against the model).
     /// * `expandable_segments` is on, with 2 MiB pages in the large pool too (rule 19), and
     ///   `reclaim_headroom` is 0.025 (rule 20): reserved memory stays close to the most the

@@ -330,23 +330,25 @@ fn a_view_used_on_another_stream_waits_for_its_events() {
 }
 
 #[test]
-fn a_parked_view_allocation_comes_back_to_its_thread() {
+fn a_view_allocation_is_never_parked() {
+    // Rule 17b parks small-pool blocks only: a view's allocation freed on its own thread
+    // returns its pieces at once.
     let mut c = config(8 * MIB);
     c.thread_cache_blocks = 2;
     let mut m = Model::new(c);
     let x = m.malloc_on(7, 8 * MIB, 0).unwrap();
     m.free_on(7, x).unwrap();
-    m.flush_thread(7);
+    assert_eq!(m.thread_cached_blocks(), 0);
     let d = m.malloc_on(7, 4 * MIB, 0).unwrap();
     assert_eq!(d, VIEW0);
     m.free_on(7, d).unwrap();
     check(&m);
-    // Parked: still allocated, the pieces held.
-    assert_eq!(m.stats().allocated_bytes.all.current, (4 * MIB) as i64);
-    assert_eq!(blocks(&m, 0)[0], (0, 4, "held"));
+    assert_eq!(m.thread_cached_blocks(), 0);
+    assert_eq!(m.stats().allocated_bytes.all.current, 0);
+    assert_eq!(m.views(), vec![(VIEW0, 4 * MIB, false)]);
+    // The free view serves the next request of its size.
     assert_eq!(m.malloc_on(7, 4 * MIB, 0), Ok(VIEW0));
     m.free_on(7, d).unwrap();
-    m.flush_thread(7);
     check(&m);
     assert_eq!(m.views(), vec![(VIEW0, 4 * MIB, false)]);
 }

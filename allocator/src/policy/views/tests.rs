@@ -462,7 +462,9 @@ fn a_pending_view_allocation_holds_its_pieces_until_its_events_complete() {
 // tests with `--cfg loom`).
 #[cfg(not(loom))]
 #[test]
-fn a_parked_view_allocation_stays_in_use_and_comes_back_from_the_thread_cache() {
+fn a_view_allocation_is_never_parked_and_its_view_serves_the_next_request() {
+    // Rule 17b parks small-pool blocks only: a view's allocation (large pool) freed on the
+    // thread that was handed it returns at once, so its pages are free for rules 20 and 23.
     let settings = Settings {
         thread_cache_blocks: 8,
         ..stitching()
@@ -472,24 +474,29 @@ fn a_parked_view_allocation_stays_in_use_and_comes_back_from_the_thread_cache() 
     let _x = alloc.malloc(2 * MIB, S).unwrap();
     let b = alloc.malloc(4 * MIB, S).unwrap();
     let _y = alloc.malloc(2 * MIB, S).unwrap();
+    // Large blocks: freed, not parked.
     alloc.free(a).unwrap();
     alloc.free(b).unwrap();
-    // A and B are parked (allocated); 5 MiB finds no cached block, so they are freed first
-    // (rule 17a), and the view is made from their holes.
+    assert_eq!(alloc.thread_cached_blocks(), 0);
+    // 5 MiB finds no cached block: the view is made from A's and B's holes.
     let v = alloc.malloc(5 * MIB, S).unwrap();
     assert_eq!(v, V0);
     alloc.free(v).unwrap();
-    // Parked: still in use.
-    assert_eq!(
-        alloc.view_allocations(),
-        [(V0, 5 * MIB, BlockPhase::Allocated)]
-    );
+    assert_eq!(alloc.thread_cached_blocks(), 0);
+    // Not parked: the view is free, and the next request is handed it again.
+    assert!(alloc.view_allocations().is_empty());
     alloc.check_invariants().unwrap();
     let before = alloc.stats().num_device_alloc;
     assert_eq!(alloc.malloc(5 * MIB, S).unwrap(), V0);
     assert_eq!(alloc.stats().num_device_alloc, before);
+    // A small block is parked: the cache works beside the views.
+    let small = alloc.malloc(4096, S).unwrap();
+    alloc.free(small).unwrap();
+    assert_eq!(alloc.thread_cached_blocks(), 1);
+    assert_eq!(alloc.malloc(4096, S).unwrap(), small);
+    alloc.free(small).unwrap();
     alloc.free(V0).unwrap();
-    // empty_cache frees the parked blocks (17c), then destroys the free view (23h).
+    // empty_cache frees the parked block (17c) and destroys the free view (23h).
     alloc.empty_cache().unwrap();
     assert!(alloc.view_allocations().is_empty());
     assert_eq!(alloc.with_backend(|d| d.reservations().count()), 1);
@@ -782,8 +789,8 @@ fn the_gpu_tests_example_reaches_passes_with_no_device_call_under_cachalots_poli
     let settings = Settings::cachalot().apply("page_stitching:True").unwrap();
     let alloc = crate::frontend::Allocator::new(SimDevice::new(1 << 30), settings).unwrap();
     gpu_example_pass(&alloc);
-    // C is parked in the thread's cache: its view stays in use.
-    assert_eq!(alloc.view_allocations().len(), 1);
+    // C was freed, not parked (rule 17b: a large block): its view is free.
+    assert!(alloc.view_allocations().is_empty());
     let mut per_pass = Vec::new();
     for _ in 0..5 {
         let s = alloc.stats();
@@ -801,8 +808,8 @@ fn the_gpu_tests_example_reaches_passes_with_no_device_call_under_cachalots_poli
 // tests with `--cfg loom`).
 #[cfg(not(loom))]
 #[test]
-fn random_runs_through_thread_caches_keep_view_allocations_parked_and_checked() {
-    // Rule 17 over view allocations: parked ones stay in use; flushes return them.
+fn random_runs_through_thread_caches_keep_view_allocations_checked() {
+    // Rule 17 beside view allocations: small blocks parked, views' allocations never.
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     let mut next = move |n: u64| {
         state ^= state << 13;
