@@ -206,11 +206,19 @@ impl<B: Backend> Allocator<B> {
             inner.threads.push(Arc::clone(l));
         }
         // Rule 17a: parked blocks go back before the device grows for a request the cache
-        // cannot serve.
-        if inner.any_parked() && !inner.core.has_cached_block(size, stream)? {
-            inner.flush_all();
-        }
-        let mut r = inner.core.malloc(size, stream);
+        // cannot serve. One search: the request is made at once when the cache serves it.
+        let mut r = if inner.any_parked() {
+            match inner.core.malloc_if_cached(size, stream) {
+                Ok(Some(address)) => Ok(address),
+                Ok(None) => {
+                    inner.flush_all();
+                    inner.core.malloc(size, stream)
+                }
+                Err(e) => Err(e),
+            }
+        } else {
+            inner.core.malloc(size, stream)
+        };
         // Rule 17: before reporting out-of-memory, parked blocks go back and the request is
         // made once more.
         if matches!(r, Err(Error::OutOfMemory(_))) && inner.any_parked() {

@@ -451,6 +451,33 @@ impl<B: Backend> CachingCore<B> {
             .is_some())
     }
 
+    /// Rule 17a's question and the request in one search: when a request of `size` bytes on
+    /// `stream` would be served from the cache (rule 5, then rule 6's search, views included),
+    /// it is made (rules 5–14: the search counted, the block handed out) and its address
+    /// returned; otherwise nothing but rule 5 has happened (the search is not counted) and the
+    /// answer is `None`. The same outcome as [`CachingCore::has_cached_block`] followed by
+    /// [`CachingCore::malloc`] when it is `true`, at the price of one search. `size` must be in
+    /// `1..=MAX_ALLOC_SIZE`.
+    pub fn malloc_if_cached(&mut self, size: u64, stream: StreamId) -> Result<Option<u64>, Error> {
+        if !self.events.is_empty() {
+            self.process_events()?;
+        }
+        let rounded = round_size(size, &self.settings.roundup_power2_divisions);
+        let pool = Pool::for_size(rounded);
+        let Some(found) = self.find_free_block(pool, stream, rounded) else {
+            return Ok(None);
+        };
+        if self.gc_enabled() {
+            self.searches[pool.index()] += 1;
+        }
+        let (id, rehomed) = self.take_found(pool, rounded, found);
+        let address = self.hand_out(id, rounded, size);
+        if rehomed {
+            self.merge_remainder(id);
+        }
+        Ok(Some(address))
+    }
+
     /// Rule 6: the smallest `(size, address)` free block of the stream that fits, unless the
     /// oversize rules forbid it, out of the free set — or, under rule 22d, a lent block's
     /// first slots re-homed into a free block (then `true`). In no set.
@@ -460,20 +487,27 @@ impl<B: Backend> CachingCore<B> {
         stream: StreamId,
         rounded: u64,
     ) -> Option<(BlockId, bool)> {
-        let p = pool.index();
         if self.gc_enabled() {
-            self.searches[p] += 1;
+            self.searches[pool.index()] += 1;
         }
-        match self.find_free_block(pool, stream, rounded)? {
+        let found = self.find_free_block(pool, stream, rounded)?;
+        Some(self.take_found(pool, rounded, found))
+    }
+
+    /// Takes what rule 6's search found out of its set: the block to hand out, and whether it
+    /// is a re-homed lent block (rule 22d).
+    fn take_found(&mut self, pool: Pool, rounded: u64, found: Found) -> (BlockId, bool) {
+        let p = pool.index();
+        match found {
             Found::Free(key) => {
                 self.free_remove(p, &key);
-                Some((key.3, false))
+                (key.3, false)
             }
             Found::Lent(key) => {
                 let k = rounded.div_ceil(self.page_of(pool));
-                Some((self.rehome(key.3, k), true))
+                (self.rehome(key.3, k), true)
             }
-            Found::View(seq) => Some((self.take_view(seq, rounded), false)),
+            Found::View(seq) => (self.take_view(seq, rounded), false),
         }
     }
 

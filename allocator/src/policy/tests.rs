@@ -988,3 +988,79 @@ fn random_runs_under_page_aliasing_keep_every_invariant_and_no_page_under_two_li
         "{lent_steps} steps with lent blocks"
     );
 }
+
+#[test]
+fn malloc_if_cached_is_the_cache_question_and_the_request_in_one_search() {
+    // Rule 17a's probe and the request fused: on random sequences, under settings where the
+    // search count matters (garbage collection) and where views serve requests, a core asked
+    // `malloc_if_cached` (then, on `None`, `malloc`) and a core asked `has_cached_block` then
+    // `malloc` make the same decisions, byte for byte.
+    let confs = [
+        "garbage_collection_threshold:0.3,max_split_size_mb:40",
+        "expandable_segments:True,expandable_page_mb:2,reclaim_headroom:0.025,\
+         page_stitching:True,garbage_collection_threshold:0.6",
+    ];
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move |n: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % n
+    };
+    const SIZES: [u64; 7] = [512, 4096, MIB, 2 * MIB, 3 * MIB, 5 * MIB, 12 * MIB];
+    let mut fused_hits = 0;
+    let mut view_steps = 0;
+    for conf in confs {
+        for run in 0..6 {
+            let mut settings = Settings::pytorch().apply(conf).unwrap();
+            settings.per_process_memory_fraction = Some(0.8);
+            let mut fused = CachingCore::new(SimDevice::new(96 * MIB), settings.clone()).unwrap();
+            let mut probed = CachingCore::new(SimDevice::new(96 * MIB), settings).unwrap();
+            // A loop: one random program of allocations and frees (by index into the live
+            // list), run for four passes, so that views made in one pass serve the next.
+            let program: Vec<(bool, u64)> =
+                (0..250).map(|_| (next(10) < 6, next(1 << 20))).collect();
+            for pass in 0..4 {
+                let mut live: Vec<u64> = Vec::new();
+                for (step, &(alloc, pick)) in program.iter().enumerate() {
+                    if alloc || live.is_empty() {
+                        let size = SIZES[(pick % SIZES.len() as u64) as usize];
+                        let hit = fused.malloc_if_cached(size, S).unwrap();
+                        let cached = probed.has_cached_block(size, S).unwrap();
+                        let at = format!("{conf}, run {run}, pass {pass}, step {step}");
+                        assert_eq!(hit.is_some(), cached, "{at}");
+                        fused_hits += usize::from(cached);
+                        let a = hit.map_or_else(|| fused.malloc(size, S), Ok);
+                        let b = probed.malloc(size, S);
+                        assert_eq!(a, b, "{at}");
+                        if let Ok(a) = a {
+                            live.push(a);
+                        }
+                    } else {
+                        let a = live.swap_remove((pick % live.len() as u64) as usize);
+                        fused.free(a).unwrap();
+                        probed.free(a).unwrap();
+                    }
+                    assert_eq!(
+                        fused.stats(),
+                        probed.stats(),
+                        "{conf}, run {run}, step {step}"
+                    );
+                    assert_eq!(fused.segments(), probed.segments());
+                    assert_eq!(fused.view_allocations(), probed.view_allocations());
+                    view_steps += usize::from(!fused.view_allocations().is_empty());
+                }
+                for a in live {
+                    fused.free(a).unwrap();
+                    probed.free(a).unwrap();
+                }
+            }
+            fused.check_invariants().unwrap();
+        }
+    }
+    assert!(
+        fused_hits > 300,
+        "{fused_hits} requests served by the fused search"
+    );
+    assert!(view_steps > 10, "{view_steps} steps with a view in use");
+}
