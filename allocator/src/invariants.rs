@@ -904,21 +904,36 @@ fn check_views(
                     || a.address != view.address
                     || a.stream != view.stream
                     || r.div_ceil(page) != n as u64
-                    || u.pieces.len() != n
                 {
                     return Err(err(
                         view.address,
                         "a view in use and its allocation disagree",
                     ));
                 }
-                for (i, (&pid, &(_, home))) in u.pieces.iter().zip(&view.homes).enumerate() {
-                    let want = if i + 1 < n {
+                // Rule 23b: one held piece per maximal run of slots whose homes are
+                // consecutive in one range; the held bytes are the first `r` of the slots.
+                let mut want: Vec<(u64, u64)> = Vec::new();
+                for (i, &(base, home)) in view.homes.iter().enumerate() {
+                    let bytes = if i + 1 < n {
                         page
                     } else {
                         r - (n as u64 - 1) * page
                     };
+                    let joins = i > 0 && {
+                        let (pb, ph) = view.homes[i - 1];
+                        pb == base && ph + page == home
+                    };
+                    match want.last_mut() {
+                        Some(last) if joins => last.1 += bytes,
+                        _ => want.push((home, bytes)),
+                    }
+                }
+                if u.pieces.len() != want.len() || view.runs.len() != want.len() {
+                    return Err(err(view.address, "a view in use holds the wrong pieces"));
+                }
+                for (&pid, &(home, bytes)) in u.pieces.iter().zip(&want) {
                     let b = blocks.get(pid);
-                    if b.state != BlockPhase::Held || b.address != home || b.size != want {
+                    if b.state != BlockPhase::Held || b.address != home || b.size != bytes {
                         return Err(err(home, "a view in use does not hold its piece"));
                     }
                     pieces.push(pid);
@@ -946,7 +961,22 @@ fn check_views(
             "held pieces and the views in use do not match one to one",
         ));
     }
-    let free_blocks = parts.free[0].len() + parts.free[1].len();
+    // The address index keeps exactly the free blocks of ranges paged like the views that
+    // hold a slot's first byte (where a piece can start).
+    let free_blocks = parts.free[0]
+        .iter()
+        .chain(parts.free[1].iter())
+        .filter(|&&(_, size, address, id)| {
+            let Some(base) = blocks.get(id).range else {
+                return false;
+            };
+            if parts.ranges.get(&base).map(|r| r.page) != Some(page) {
+                return false;
+            }
+            let first_slot = base + (address - base).div_ceil(page) * page;
+            first_slot < address + size
+        })
+        .count();
     if views.free_at.len() != free_blocks
         || views.free_at.iter().any(|(&address, &id)| {
             let b = blocks.get(id);

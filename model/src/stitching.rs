@@ -115,17 +115,25 @@ impl Model {
     }
 
     /// Rule 23b: the pieces a view of `n` slots with homes `homes` holds for an allocation of
-    /// rounded size `rounded`, in slot order: the whole slot `h_i` for `i < n − 1`, the first
-    /// `t = r − (n − 1) × P` bytes of `h_{n−1}`.
+    /// rounded size `rounded`, in slot order. The held bytes are the whole slot `h_i` for
+    /// `i < n − 1` and the first `t = r − (n − 1) × P` bytes of `h_{n−1}`; those of each
+    /// maximal run of slots whose homes are consecutive in one range (`h_{m+1} = h_m + P`)
+    /// are one piece.
     fn pieces(&self, homes: &[u64], rounded: u64) -> Vec<(u64, u64)> {
         let page = self.view_page();
         let n = homes.len() as u64;
         let t = rounded - (n - 1) * page;
-        homes
-            .iter()
-            .enumerate()
-            .map(|(i, &h)| (h, if i + 1 < homes.len() { page } else { t }))
-            .collect()
+        let range_of = |address: u64| state::block_holding(&self.segments, address).map(|x| x.0);
+        let mut pieces: Vec<(u64, u64)> = Vec::new();
+        for (i, &h) in homes.iter().enumerate() {
+            let held = if i + 1 < homes.len() { page } else { t };
+            let joins = i > 0 && homes[i - 1] + page == h && range_of(homes[i - 1]) == range_of(h);
+            match pieces.last_mut() {
+                Some(last) if joins => last.1 += held,
+                _ => pieces.push((h, held)),
+            }
+        }
+        pieces
     }
 
     /// Whether `[address, address + size)` lies wholly inside one free block (in the free

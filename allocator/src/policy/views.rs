@@ -12,15 +12,17 @@
 //! * the views by creation number (`BTreeMap`), each with its homes and, in use, its
 //!   allocation's block and its held pieces;
 //! * the free views by `(stream, page count, number)`: the hand-out (rule 23d) is a range
-//!   lookup, then a usability check of each candidate's `n` pieces, each an address lookup in
-//!   the free blocks' address index: O(n log blocks) per view looked at;
+//!   lookup, then a usability check of each candidate's pieces (one per run of consecutive
+//!   homes, kept with the view), each an address lookup in the free blocks' address index:
+//!   O(runs × log blocks) per view looked at;
 //! * the home slots by `(slot, number)`: destroying the views that map a slot about to be
 //!   unmapped (rule 23h) is a range query, not a scan of every view;
 //! * the free views by `(last hand-out, number)` for the cap's least-recently-used eviction
 //!   (rule 23g); the in-use views by their allocation's block, for the return (rule 23e);
-//! * the free mapped blocks by address (`free_at`), kept beside the free sets (every insert
-//!   and removal goes through [`CachingCore::free_insert`] and [`CachingCore::free_remove`]),
-//!   so whether a piece lies wholly inside one free block is one lookup.
+//! * the free mapped blocks by address (`free_at`) that hold a slot's first byte (the only
+//!   ones a piece can lie in), kept beside the free sets (every insert and removal goes
+//!   through [`CachingCore::free_insert`] and [`CachingCore::free_remove`]), so whether a
+//!   piece lies wholly inside one free block is one lookup.
 //!
 //! A view's allocation is a block of the slab with [`Backing::View`]: no neighbours, in no
 //! segment; it is a live allocation like any other (the live map, `record_stream`, events,
@@ -47,6 +49,9 @@ pub(crate) struct View {
     pub stream: StreamId,
     /// Per slot, in order: the range (first address) and home slot of the page it maps.
     pub homes: Vec<(u64, u64)>,
+    /// The maximal runs of slots whose homes are consecutive in one range, in slot order:
+    /// each run's first home and its number of slots (rule 23b: one held piece per run).
+    pub runs: Vec<(u64, u64)>,
     /// When it was last handed out (or made): the cap's eviction order (rule 23g).
     pub stamp: u64,
     /// While in use: the allocation's block and the held pieces, in slot order.
@@ -58,7 +63,7 @@ pub(crate) struct View {
 pub(crate) struct InUse {
     /// The allocation's block ([`Backing::View`]).
     pub allocation: BlockId,
-    /// The held pieces ([`BlockPhase::Held`]), one per slot, in slot order.
+    /// The held pieces ([`BlockPhase::Held`]), one per run of the view, in slot order.
     pub pieces: Vec<BlockId>,
 }
 
@@ -104,12 +109,14 @@ impl Views {
 
 impl<B: Backend> CachingCore<B> {
     /// A free mapped block enters its pool's free set (and, while views act, the address
-    /// index).
+    /// index when it can hold a view's piece).
     #[inline]
     pub(super) fn free_insert(&mut self, p: usize, key: FreeKey) {
         self.free[p].insert(key);
-        if let Some(v) = &mut self.views {
-            v.free_at.insert(key.2, key.3);
+        if self.views.is_some() && self.holds_a_slot_start(&key) {
+            if let Some(v) = &mut self.views {
+                v.free_at.insert(key.2, key.3);
+            }
         }
     }
 
@@ -117,11 +124,36 @@ impl<B: Backend> CachingCore<B> {
     #[inline]
     pub(super) fn free_remove(&mut self, p: usize, key: &FreeKey) {
         self.free[p].remove(key);
+        // The block may already have left the slab (a neighbour absorbed by a merge): the
+        // index is asked, not the block.
         if let Some(v) = &mut self.views
             && v.free_at.get(&key.2) == Some(&key.3)
         {
             v.free_at.remove(&key.2);
         }
+    }
+
+    /// Whether the free block `key` (its address and size as in the key) is one the address
+    /// index keeps: a block of a range whose page is the views' page that holds the first byte
+    /// of one of its slots. A view's piece starts at a slot's first byte (rule 23b), so the
+    /// free block around a piece always holds one: the others (a small block inside a page,
+    /// most of the small pool's) need no entry, and the lookup below stays exact (the indexed
+    /// block that starts last at or before a slot's first byte is the one holding it, if any
+    /// holds it). Asked when a block enters the free set, while it is in the slab.
+    #[inline]
+    fn holds_a_slot_start(&self, key: &FreeKey) -> bool {
+        let Some(v) = &self.views else {
+            return false;
+        };
+        let b = self.blocks.get(key.3);
+        let Some(base) = b.range else {
+            return false;
+        };
+        if self.page_of(b.pool) != v.page {
+            return false;
+        }
+        let offset = (key.2 - base) % v.page;
+        offset == 0 || key.1 > v.page - offset
     }
 
     /// The free block (of a free set) holding `[address, address + len)` wholly, if any.
@@ -132,14 +164,40 @@ impl<B: Backend> CachingCore<B> {
         (b.address + b.size >= address + len).then_some(id)
     }
 
-    /// Rule 23b: the pieces a view of `n` slots holds for an allocation of `rounded` bytes:
-    /// whole slots, and the first `t = rounded − (n − 1) × P` bytes of the last.
-    fn piece_len(page: u64, n: usize, i: usize, rounded: u64) -> u64 {
-        if i + 1 < n {
-            page
-        } else {
-            rounded - (n as u64 - 1) * page
+    /// Rule 23b: the maximal runs of slots whose homes are consecutive in one range
+    /// (`h_{m+1} = h_m + P`): each run's first home and its number of slots.
+    pub(super) fn runs_of(page: u64, homes: &[(u64, u64)]) -> Vec<(u64, u64)> {
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        let mut last: Option<(u64, u64)> = None;
+        for &(base, home) in homes {
+            match (last, runs.last_mut()) {
+                (Some((b, h)), Some(run)) if b == base && h + page == home => run.1 += 1,
+                _ => runs.push((home, 1)),
+            }
+            last = Some((base, home));
         }
+        runs
+    }
+
+    /// Rule 23b: the held pieces of a view with `runs` and `n` slots, for an allocation of
+    /// `rounded` bytes: per run, from its first home, its whole slots, but for the view's last
+    /// slot, of which only the first `t = rounded − (n − 1) × P` bytes.
+    fn pieces_of(
+        page: u64,
+        runs: &[(u64, u64)],
+        rounded: u64,
+    ) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let n: u64 = runs.iter().map(|r| r.1).sum();
+        let mut before = 0u64;
+        runs.iter().map(move |&(home, count)| {
+            before += count;
+            let len = if before == n {
+                rounded - (n - count) * page
+            } else {
+                count * page
+            };
+            (home, len)
+        })
     }
 
     /// Rule 23c: whether the free view `seq` is usable for `rounded` bytes (its page count is
@@ -147,11 +205,8 @@ impl<B: Backend> CachingCore<B> {
     fn view_usable(&self, seq: u64, rounded: u64) -> bool {
         let Some(v) = &self.views else { return false };
         let view = &v.views[&seq];
-        let n = view.homes.len();
-        view.homes.iter().enumerate().all(|(i, &(_, home))| {
-            self.free_block_around(home, Self::piece_len(v.page, n, i, rounded))
-                .is_some()
-        })
+        Self::pieces_of(v.page, &view.runs, rounded)
+            .all(|(home, len)| self.free_block_around(home, len).is_some())
     }
 
     /// Rule 23d's search: the usable free view of the stream with `⌈rounded / P⌉` slots that
@@ -170,15 +225,19 @@ impl<B: Backend> CachingCore<B> {
     /// allocation's block (free, in no set, of `rounded` bytes at the view's first byte), for
     /// rule 14's hand-out.
     pub(super) fn take_view(&mut self, seq: u64, rounded: u64) -> BlockId {
-        let (page, homes, stream, address) = {
+        let (page, runs, stream, address, n) = {
             let v = self.views.as_ref().expect("rule 23 acts");
             let view = &v.views[&seq];
-            (v.page, view.homes.clone(), view.stream, view.address)
+            (
+                v.page,
+                view.runs.clone(),
+                view.stream,
+                view.address,
+                view.homes.len(),
+            )
         };
-        let n = homes.len();
-        let mut pieces = Vec::with_capacity(n);
-        for (i, &(_, home)) in homes.iter().enumerate() {
-            let len = Self::piece_len(page, n, i, rounded);
+        let mut pieces = Vec::with_capacity(runs.len());
+        for (home, len) in Self::pieces_of(page, &runs, rounded) {
             let id = self
                 .free_block_around(home, len)
                 .expect("rule 23c: a usable view's pieces lie inside free blocks");
@@ -366,6 +425,7 @@ impl<B: Backend> CachingCore<B> {
             View {
                 address,
                 stream,
+                runs: Self::runs_of(page, &homes),
                 homes,
                 stamp,
                 in_use: None,

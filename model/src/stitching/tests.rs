@@ -139,14 +139,10 @@ fn a_view_in_use_holds_whole_pages_and_the_first_t_bytes_of_its_last() {
     assert_eq!(d, VIEW0);
     assert_eq!(
         blocks(&m, 0),
-        vec![
-            (0, 4, "held"),
-            (4, 2, "held"),
-            (6, 10, "free"),
-            (16, 4, "unmapped")
-        ]
+        vec![(0, 6, "held"), (6, 10, "free"), (16, 4, "unmapped")]
     );
-    // segments() lists them as Held with requested size 0.
+    // One piece: the two homes are consecutive in the range (23b). segments() lists it as
+    // Held with requested size 0.
     let layout = m.layout();
     let held: Vec<(u64, u64, u64)> = layout[0]
         .blocks
@@ -154,7 +150,7 @@ fn a_view_in_use_holds_whole_pages_and_the_first_t_bytes_of_its_last() {
         .filter(|b| b.state == BlockState::Held)
         .map(|b| (b.address - BASE, b.size, b.requested))
         .collect();
-    assert_eq!(held, vec![(0, 2 * MIB, 0), (2 * MIB, MIB, 0)]);
+    assert_eq!(held, vec![(0, 3 * MIB, 0)]);
     // The allocation counts r (not the held bytes) in the large pool; held pieces count in
     // no statistic of their own: allocated + held = the view's r.
     let st = m.stats();
@@ -167,18 +163,14 @@ fn a_view_in_use_holds_whole_pages_and_the_first_t_bytes_of_its_last() {
 }
 
 #[test]
-fn held_pieces_are_never_merged_with_each_other_or_their_neighbours() {
+fn consecutive_homes_hold_one_piece_never_merged_with_its_free_neighbours() {
     let mut m = all_free();
-    // r = 4 MiB: two whole pieces, side by side, each its own block, the free rest apart.
+    // r = 4 MiB: two whole slots side by side in the range, one held piece; the free rest
+    // stays apart.
     malloc(&mut m, 4 * MIB);
     assert_eq!(
         blocks(&m, 0),
-        vec![
-            (0, 4, "held"),
-            (4, 4, "held"),
-            (8, 8, "free"),
-            (16, 4, "unmapped")
-        ]
+        vec![(0, 8, "held"), (8, 8, "free"), (16, 4, "unmapped")]
     );
 }
 
@@ -264,13 +256,12 @@ fn a_hand_out_carves_the_pieces_raises_the_statistics_by_r_and_counts_oversize()
     assert_eq!(
         sizes,
         vec![
-            (2 * MIB, BlockState::Held),
-            (2 * MIB - 512, BlockState::Held),
+            (4 * MIB - 512, BlockState::Held),
             (4 * MIB + 512, BlockState::Free),
             (2 * MIB, BlockState::Free),
         ]
     );
-    assert!(!m.segments[0].blocks[3].mapped);
+    assert!(!m.segments[0].blocks[2].mapped);
     assert_eq!(calls(&m), (2, 0));
 }
 
@@ -314,7 +305,7 @@ fn a_view_used_on_another_stream_waits_for_its_events() {
     let st = m.stats();
     assert_eq!(st.allocated_bytes.all.current, 0);
     assert_eq!(st.active_bytes.all.current, (4 * MIB) as i64);
-    assert_eq!(blocks(&m, 0)[0], (0, 4, "held"));
+    assert_eq!(blocks(&m, 0)[0], (0, 8, "held"));
     assert_eq!(
         m.free(d),
         Err(crate::ModelError::UnknownAddress { address: d })
@@ -381,11 +372,10 @@ fn a_view_is_made_from_the_largest_free_blocks_one_alias_per_run() {
     assert_eq!(m.stats().reserved_bytes.all.current, (14 * MIB) as i64);
     // t = 5 − 4 = 1 MiB of H2's first page.
     assert_eq!(
-        blocks(&m, 0)[..7],
+        blocks(&m, 0)[..6],
         [
             (0, 4, "alloc"),
-            (4, 4, "held"),
-            (8, 4, "held"),
+            (4, 8, "held"),
             (12, 4, "alloc"),
             (16, 2, "held"),
             (18, 6, "free"),

@@ -209,17 +209,11 @@ fn over_the_limit_a_view_of_free_pages_is_made_and_its_first_byte_handed_out() {
     assert_eq!(c.stats().allocation.all.current, 3);
     assert_eq!(c.view_counts(), (1, 1));
     assert_eq!(c.view_allocations(), [(V0, 5 * MIB, A)]);
-    // 23b: the pieces are held — two whole slots and the first t = 5 − 4 = 1 MiB of the third.
+    // 23b: the held bytes — two whole slots and the first t = 5 − 4 = 1 MiB of the third —
+    // are one piece per run of consecutive homes: the first hole's two slots, one piece.
     assert_eq!(
         layout(&c),
-        [
-            (0, 4, H),
-            (4, 4, H),
-            (8, 4, A),
-            (12, 2, H),
-            (14, 6, F),
-            (20, 4, A)
-        ]
+        [(0, 8, H), (8, 4, A), (12, 2, H), (14, 6, F), (20, 4, A)]
     );
     assert!(
         c.segments()[0]
@@ -336,14 +330,7 @@ fn a_view_serves_every_size_of_its_page_count_holding_t_bytes_of_the_last_page()
     assert_eq!(v, V0);
     assert_eq!(
         layout(&c),
-        [
-            (0, 4, H),
-            (4, 4, H),
-            (8, 4, A),
-            (12, 1, H),
-            (13, 7, F),
-            (20, 4, A)
-        ]
+        [(0, 8, H), (8, 4, A), (12, 1, H), (13, 7, F), (20, 4, A)]
     );
     assert_eq!(
         c.stats().allocated_bytes.all.current,
@@ -448,7 +435,7 @@ fn a_pending_view_allocation_holds_its_pieces_until_its_events_complete() {
     assert_eq!(c.stats().active_bytes.all.current, 9 * MIB as i64);
     assert_eq!(c.view_counts(), (1, 1));
     assert_eq!(c.view_allocations(), [(V0, 5 * MIB, BlockPhase::Pending)]);
-    assert_eq!(layout(&c)[0], (0, 4, H));
+    assert_eq!(layout(&c)[0], (0, 8, H));
     check(&c);
     c.backend_mut().complete_stream(StreamId(1));
     // Rule 5 returns it before the search: the same view again, no device call.
