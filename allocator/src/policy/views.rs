@@ -113,10 +113,10 @@ impl<B: Backend> CachingCore<B> {
     #[inline]
     pub(super) fn free_insert(&mut self, p: usize, key: FreeKey) {
         self.free[p].insert(key);
-        if self.views.is_some() && self.holds_a_slot_start(&key) {
-            if let Some(v) = &mut self.views {
-                v.free_at.insert(key.2, key.3);
-            }
+        if self.holds_a_slot_start(&key)
+            && let Some(v) = &mut self.views
+        {
+            v.free_at.insert(key.2, key.3);
         }
     }
 
