@@ -278,6 +278,7 @@ def trace_run(allocator, conf, obs, timed, passes):
         "passes": passes,
         "ns_per_op_first": rnd(per_line(timed["first_ns"]), 2),
         "ns_per_op_steady": rnd(per_line(sum(steady) / len(steady)), 2) if steady else None,
+        "steady_passes_ns_per_op": [rnd(per_line(s), 2) for s in steady] if steady else None,
         "timeline": {
             "line": obs["timeline"]["line"],
             "requested": obs["timeline"]["requested"],

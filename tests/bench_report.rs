@@ -158,7 +158,7 @@ fn the_report_states_each_target_met_or_missed_with_its_figures() {
         serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap()).unwrap();
     assert_eq!(json["traces"].as_array().unwrap().len(), 9);
     assert!(json["traces"][0].get("timeline").is_none());
-    assert_eq!(json["targets"].as_array().unwrap().len(), 6);
+    assert_eq!(json["targets"].as_array().unwrap().len(), 9);
     for svg in [
         "fragmentation.svg",
         "ns_per_op.svg",
@@ -210,6 +210,87 @@ fn targets_met_say_yes() {
     assert!(
         line.contains("| – |") && line.contains("not measured"),
         "{line}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A trace run with driver calls and ns/op per steady pass (passes 2, 3, …).
+fn with_passes(mut run: serde_json::Value, calls: &[u64], ns: &[f64]) -> serde_json::Value {
+    let n = calls.len() as f64;
+    run["driver_calls_steady"] = json!(calls.iter().sum::<u64>() as f64 / n);
+    run["ns_per_op_steady"] = json!(ns.iter().sum::<f64>() / n);
+    run["steady_passes_driver_calls"] = json!(calls);
+    run["steady_passes_ns_per_op"] = json!(ns);
+    run
+}
+
+#[test]
+fn the_default_policys_targets_compare_it_with_pytorchs_policy_in_the_same_run() {
+    let dir = tmp("default-policy");
+    let mib = 1u64 << 20;
+    write_runs(
+        &dir,
+        &[
+            // bert: views made in pass 2 only (12 calls, slow), none after: the steady mean
+            // misses both targets, passes 3 on meet them; memory 1.02×.
+            with_passes(
+                trace_run("cachalot-pytorch", "bert", 100 * mib, 150 * mib, 0.0),
+                &[0, 0, 0],
+                &[100.0, 100.0, 100.0],
+            ),
+            with_passes(
+                trace_run("cachalot", "bert", 100 * mib, 102 * mib, 0.0),
+                &[12, 0, 0],
+                &[700.0, 110.0, 115.0],
+            ),
+            // gpt: no call on either side; 1.5× slower every pass; memory 1.05×.
+            with_passes(
+                trace_run("cachalot-pytorch", "gpt", 200 * mib, 240 * mib, 0.0),
+                &[0, 0, 0],
+                &[100.0, 100.0, 100.0],
+            ),
+            with_passes(
+                trace_run("cachalot", "gpt", 200 * mib, 210 * mib, 0.0),
+                &[0, 0, 0],
+                &[150.0, 150.0, 150.0],
+            ),
+        ],
+    );
+    let out = cachalot(&["bench-report", dir.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let md = std::fs::read_to_string(dir.join("results.md")).unwrap();
+    let target = |start: &str| {
+        md.lines()
+            .find(|l| l.starts_with(&format!("| {start}")))
+            .unwrap_or_else(|| panic!("no target line starting {start:?} in\n{md}"))
+            .to_string()
+    };
+    let calls = target("driver calls per steady pass");
+    assert!(
+        calls.contains("| **no** |")
+            && calls.contains("met on 1 of 2 (from pass 3 on: 2 of 2)")
+            && calls.contains("bert 4.0 vs 0.0"),
+        "{calls}"
+    );
+    // bert: 308.3 vs 100 ns/op (3.08×), passes 3 on 112.5 (1.125×); gpt 1.5× throughout.
+    let speed = target("steady ns/op: cachalot's policy within 1.2×");
+    assert!(
+        speed.contains("| **no** |")
+            && speed.contains("met on 0 of 2 (passes 3 on: 1 of 2)")
+            && speed.contains("slower: bert 3.08×, gpt 1.50×"),
+        "{speed}"
+    );
+    // No ops files here: the ratio is over peak requested.
+    let memory = target("memory: cachalot's policy ≤ 1.03×");
+    assert!(
+        memory.contains("| **no** |")
+            && memory.contains("met on 1 of 2")
+            && memory.contains("above: gpt 1.050"),
+        "{memory}"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

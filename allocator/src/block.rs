@@ -167,6 +167,11 @@ impl Slab {
         self.slots[id as usize].as_ref().expect("vacant block slot")
     }
 
+    /// The block `id`, or `None` for a vacant slot (for the invariant checker).
+    pub fn try_get(&self, id: BlockId) -> Option<&Block> {
+        self.slots.get(id as usize).and_then(Option::as_ref)
+    }
+
     #[inline]
     pub fn get_mut(&mut self, id: BlockId) -> &mut Block {
         self.slots[id as usize].as_mut().expect("vacant block slot")

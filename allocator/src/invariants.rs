@@ -961,28 +961,31 @@ fn check_views(
             "held pieces and the views in use do not match one to one",
         ));
     }
-    // The address index keeps exactly the free blocks of ranges paged like the views that
-    // hold a slot's first byte (where a piece can start).
-    let free_blocks = parts.free[0]
-        .iter()
-        .chain(parts.free[1].iter())
-        .filter(|&&(_, size, address, id)| {
-            let Some(base) = blocks.get(id).range else {
-                return false;
-            };
-            if parts.ranges.get(&base).map(|r| r.page) != Some(page) {
-                return false;
-            }
-            let first_slot = base + (address - base).div_ceil(page) * page;
-            first_slot < address + size
+    // The address index keeps every free block that holds a view's home (where a piece can
+    // lie), and nothing but free blocks of the free sets.
+    let in_free_set = |id: BlockId, address: u64| {
+        blocks.try_get(id).is_some_and(|b| {
+            b.address == address
+                && parts.free[b.pool.index()].contains(&(b.stream, b.size, b.address, id))
         })
-        .count();
-    if views.free_at.len() != free_blocks
-        || views.free_at.iter().any(|(&address, &id)| {
-            let b = blocks.get(id);
-            b.address != address
-                || !parts.free[b.pool.index()].contains(&(b.stream, b.size, b.address, id))
-        })
+    };
+    let missing =
+        parts.free[0]
+            .iter()
+            .chain(parts.free[1].iter())
+            .any(|&(_, size, address, id)| {
+                views
+                    .by_home
+                    .range((address, 0)..(address + size, 0))
+                    .next()
+                    .is_some()
+                    && views.free_at.get(&address) != Some(&id)
+            });
+    if missing
+        || views
+            .free_at
+            .iter()
+            .any(|(&address, &id)| !in_free_set(id, address))
     {
         return Err(err(
             0,

@@ -203,7 +203,7 @@ pub fn observed_pass<T: BenchTarget>(
 }
 
 /// What the timed passes measured.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Timed {
     /// Nanoseconds per line, the first pass (the fresh allocator's).
     pub first_ns: f64,
@@ -212,6 +212,10 @@ pub struct Timed {
     /// Driver calls per pass after the first (`None` with one pass, or where the allocator
     /// does not count them).
     pub steady_calls: Option<f64>,
+    /// Each pass after the first: its ns per line.
+    pub passes_ns: Vec<f64>,
+    /// Each pass after the first: its driver calls (`None` where not counted).
+    pub passes_calls: Option<Vec<u64>>,
 }
 
 /// The timed passes: the start (untimed), `lines` lines after `s` on the fresh allocator, then
@@ -236,13 +240,24 @@ pub fn timed_passes<T: BenchTarget>(
     st.release_all(target, program)?;
     let calls_before = target.driver_calls().map(|(n, _)| n);
     let mut steady_ns = 0u128;
+    let mut passes_ns = Vec::with_capacity(passes.saturating_sub(1));
+    let mut passes_calls = calls_before.map(|_| Vec::with_capacity(passes.saturating_sub(1)));
+    let mut last = calls_before;
     for _ in 1..passes {
         let t = Instant::now();
         for &op in ops {
             st.step(target, program, op)?;
         }
-        steady_ns += t.elapsed().as_nanos();
+        let ns = t.elapsed().as_nanos();
+        steady_ns += ns;
+        passes_ns.push(ns as f64 / per_line);
         st.release_all(target, program)?;
+        // This pass's calls, the release after it included (as the mean below counts them).
+        let now = target.driver_calls().map(|(n, _)| n);
+        if let (Some(v), Some(before), Some(after)) = (passes_calls.as_mut(), last, now) {
+            v.push(after.saturating_sub(before));
+        }
+        last = now;
     }
     let steady = (passes > 1).then(|| steady_ns as f64 / (per_line * (passes - 1) as f64));
     // Driver calls per steady pass (the releases between passes included: they are frees,
@@ -257,5 +272,7 @@ pub fn timed_passes<T: BenchTarget>(
         first_ns: first,
         steady_ns: steady,
         steady_calls: calls,
+        passes_ns,
+        passes_calls: passes_calls.filter(|_| passes > 1),
     })
 }

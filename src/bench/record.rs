@@ -73,6 +73,13 @@ pub struct TraceRun {
     pub ns_per_op_first: Option<f64>,
     /// ns per operation line, mean of the later passes.
     pub ns_per_op_steady: Option<f64>,
+    /// Each timed pass after the first, in order: its driver calls (where counted). The
+    /// steady mean hides whether the calls fall in pass 2 (views made once) or recur.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub steady_passes_driver_calls: Option<Vec<u64>>,
+    /// Each timed pass after the first, in order: its ns per operation line.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub steady_passes_ns_per_op: Option<Vec<f64>>,
     /// The observed pass's memory timeline.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeline: Option<Timeline>,

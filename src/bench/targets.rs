@@ -120,6 +120,7 @@ pub fn targets(results: &Results) -> Vec<Target> {
             },
         });
     }
+    default_policy_targets(results, &mut out);
     // Same policy, same memory.
     let mut equal = 0;
     let mut differ = Vec::new();
@@ -195,4 +196,146 @@ pub fn targets(results: &Results) -> Vec<Target> {
         },
     });
     out
+}
+
+/// The default-policy issue's targets: cachalot's policy against cachalot with PyTorch's on
+/// the same trace, in the same run (driver calls per steady pass, steady ns/op within 1.2×),
+/// and its memory within 1.03× of the bytes in use. The first two also say how many traces
+/// meet them from the third pass on, where pass 2's one-time costs (views made once for the
+/// layout a finished pass leaves) are behind.
+fn default_policy_targets(results: &Results, out: &mut Vec<Target>) {
+    let pairs: Vec<(String, &super::record::TraceRun, &super::record::TraceRun)> = results
+        .trace_names()
+        .into_iter()
+        .filter_map(|t| {
+            let ours = results.run(&t, "cachalot")?;
+            let base = results.run(&t, "cachalot-pytorch")?;
+            Some((t, ours, base))
+        })
+        .collect();
+    let later = |v: &Option<Vec<f64>>| -> Option<f64> {
+        let v = v.as_ref()?;
+        (v.len() > 1).then(|| v[1..].iter().sum::<f64>() / (v.len() - 1) as f64)
+    };
+    let later_calls = |r: &super::record::TraceRun| -> Option<f64> {
+        let v: Option<Vec<f64>> = r
+            .steady_passes_driver_calls
+            .as_ref()
+            .map(|v| v.iter().map(|&c| c as f64).collect());
+        later(&v)
+    };
+    // Driver calls per steady pass.
+    let mut met = 0;
+    let mut met_later = 0;
+    let mut later_n = 0;
+    let mut misses = Vec::new();
+    for (t, ours, base) in &pairs {
+        let (Some(o), Some(b)) = (ours.driver_calls_steady, base.driver_calls_steady) else {
+            continue;
+        };
+        if o <= b {
+            met += 1;
+        } else {
+            misses.push(format!("{t} {o:.1} vs {b:.1}"));
+        }
+        if let (Some(o), Some(b)) = (later_calls(ours), later_calls(base)) {
+            later_n += 1;
+            met_later += usize::from(o <= b);
+        }
+    }
+    let n = met + misses.len();
+    out.push(Target {
+        target: "driver calls per steady pass: cachalot's policy no more than cachalot, \
+                 PyTorch's policy on every trace"
+            .into(),
+        met: (n > 0).then_some(misses.is_empty()),
+        detail: if n == 0 {
+            "not measured".into()
+        } else {
+            let mut d = format!("met on {met} of {n}");
+            if later_n > 0 {
+                let _ = write!(d, " (from pass 3 on: {met_later} of {later_n})");
+            }
+            if !misses.is_empty() {
+                let _ = write!(d, "; more calls: {}", misses.join(", "));
+            }
+            d
+        },
+    });
+    // Steady ns/op within 1.2×.
+    let mut met = 0;
+    let mut met_later = 0;
+    let mut later_n = 0;
+    let mut misses = Vec::new();
+    for (t, ours, base) in &pairs {
+        let (Some(o), Some(b)) = (ours.ns_per_op_steady, base.ns_per_op_steady) else {
+            continue;
+        };
+        if b <= 0.0 {
+            continue;
+        }
+        if o <= 1.2 * b {
+            met += 1;
+        } else {
+            misses.push((t.clone(), o / b));
+        }
+        if let (Some(o), Some(b)) = (
+            later(&ours.steady_passes_ns_per_op),
+            later(&base.steady_passes_ns_per_op),
+        ) {
+            later_n += 1;
+            met_later += usize::from(o <= 1.2 * b);
+        }
+    }
+    misses.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let n = met + misses.len();
+    out.push(Target {
+        target: "steady ns/op: cachalot's policy within 1.2× of cachalot, PyTorch's policy on \
+                 every trace"
+            .into(),
+        met: (n > 0).then_some(misses.is_empty()),
+        detail: if n == 0 {
+            "not measured".into()
+        } else {
+            let mut d = format!("met on {met} of {n}");
+            if later_n > 0 {
+                let _ = write!(d, " (passes 3 on: {met_later} of {later_n})");
+            }
+            if !misses.is_empty() {
+                let list: Vec<String> =
+                    misses.iter().map(|(t, x)| format!("{t} {x:.2}×")).collect();
+                let _ = write!(d, "; slower: {}", list.join(", "));
+            }
+            d
+        },
+    });
+    // Memory within 1.03× of the bytes in use.
+    let mut met = 0;
+    let mut above = Vec::new();
+    for (t, _, _) in &pairs {
+        let Some(r) = results.memory_ratio(t, "cachalot") else {
+            continue;
+        };
+        if r <= 1.03 {
+            met += 1;
+        } else {
+            above.push((t.clone(), r));
+        }
+    }
+    above.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let n = met + above.len();
+    out.push(Target {
+        target: "memory: cachalot's policy ≤ 1.03× the bytes in use on every trace".into(),
+        met: (n > 0).then_some(above.is_empty()),
+        detail: if n == 0 {
+            "not measured".into()
+        } else {
+            let mut d = format!("met on {met} of {n}");
+            if !above.is_empty() {
+                let list: Vec<String> = above.iter().map(|(t, x)| format!("{t} {x:.3}")).collect();
+                let _ = write!(d, "; above: {}", list.join(", "));
+            }
+            d
+        },
+    });
 }

@@ -91,6 +91,8 @@ fn run_trace<T: BenchTarget>(
         passes: o.passes,
         ns_per_op_first: Some(timed.first_ns),
         ns_per_op_steady: timed.steady_ns,
+        steady_passes_driver_calls: timed.passes_calls.clone(),
+        steady_passes_ns_per_op: (!timed.passes_ns.is_empty()).then(|| timed.passes_ns.clone()),
         timeline: Some(downsample(&observed.timeline)),
         notes: Some(notes),
         error: None,

@@ -19,8 +19,8 @@
 //!   unmapped (rule 23h) is a range query, not a scan of every view;
 //! * the free views by `(last hand-out, number)` for the cap's least-recently-used eviction
 //!   (rule 23g); the in-use views by their allocation's block, for the return (rule 23e);
-//! * the free mapped blocks by address (`free_at`) that hold a slot's first byte (the only
-//!   ones a piece can lie in), kept beside the free sets (every insert and removal goes
+//! * the free mapped blocks by address (`free_at`) that hold a view's home (the only ones a
+//!   piece can lie in), kept beside the free sets (every insert and removal goes
 //!   through [`CachingCore::free_insert`] and [`CachingCore::free_remove`]), so whether a
 //!   piece lies wholly inside one free block is one lookup.
 //!
@@ -133,27 +133,28 @@ impl<B: Backend> CachingCore<B> {
         }
     }
 
-    /// Whether the free block `key` (its address and size as in the key) is one the address
-    /// index keeps: a block of a range whose page is the views' page that holds the first byte
-    /// of one of its slots. A view's piece starts at a slot's first byte (rule 23b), so the
-    /// free block around a piece always holds one: the others (a small block inside a page,
-    /// most of the small pool's) need no entry, and the lookup below stays exact (the indexed
-    /// block that starts last at or before a slot's first byte is the one holding it, if any
-    /// holds it). Asked when a block enters the free set, while it is in the slab.
+    /// Whether the free block `key` (its address and size as in the key) enters the address
+    /// index: when it holds the first byte of a slot some view maps (a home, `by_home`). A
+    /// view's piece starts at one of its homes (rule 23b), so the free block around a piece
+    /// always holds a home, and the index holds every free block that does: a view's homes
+    /// enter `by_home` before its first hand-out carves them, and every free block that
+    /// enters the free set later is asked here. Blocks that held the homes of a view since
+    /// destroyed may stay indexed until they leave the free set; the lookup stays exact (the
+    /// indexed block that starts last at or before a home is the one holding it, if any
+    /// does). Without views nothing is indexed.
     #[inline]
     fn holds_a_slot_start(&self, key: &FreeKey) -> bool {
         let Some(v) = &self.views else {
             return false;
         };
-        let b = self.blocks.get(key.3);
-        let Some(base) = b.range else {
-            return false;
-        };
-        if self.page_of(b.pool) != v.page {
+        if v.by_home.is_empty() {
             return false;
         }
-        let offset = (key.2 - base) % v.page;
-        offset == 0 || key.1 > v.page - offset
+        let (address, size) = (key.2, key.1);
+        v.by_home
+            .range((address, 0)..(address.saturating_add(size), 0))
+            .next()
+            .is_some()
     }
 
     /// The free block (of a free set) holding `[address, address + len)` wholly, if any.
@@ -354,8 +355,8 @@ impl<B: Backend> CachingCore<B> {
         listed.sort_unstable_by_key(|&(bytes, _, id)| {
             (std::cmp::Reverse(bytes), self.blocks.get(id).address)
         });
-        // The runs taken, in order: (range, first slot, slots).
-        let mut runs: Vec<(u64, u64, u64)> = Vec::new();
+        // The runs taken, in order: (range, first slot, slots, the free block holding them).
+        let mut runs: Vec<(u64, u64, u64, BlockId)> = Vec::new();
         let mut taken = 0u64;
         for (bytes, first, id) in listed {
             if taken == k {
@@ -363,7 +364,7 @@ impl<B: Backend> CachingCore<B> {
             }
             let m = (k - taken).min(bytes / page);
             let base = self.blocks.get(id).range.expect("a block of a range");
-            runs.push((base, first, m));
+            runs.push((base, first, m, id));
             taken += m;
         }
         // Rule 23g: the cap, evicting the least recently used free views.
@@ -385,7 +386,7 @@ impl<B: Backend> CachingCore<B> {
             Err(e) => return Err(Error::Backend(e)),
         };
         let mut mapped = 0u64;
-        for &(_, first, m) in &runs {
+        for &(_, first, m, _) in &runs {
             match self.backend.alias(address + mapped * page, first, m * page) {
                 Ok(()) => {
                     self.stats.num_device_alloc += 1;
@@ -406,7 +407,13 @@ impl<B: Backend> CachingCore<B> {
         }
         let homes: Vec<(u64, u64)> = runs
             .iter()
-            .flat_map(|&(base, first, m)| (0..m).map(move |j| (base, first + j * page)))
+            .flat_map(|&(base, first, m, _)| (0..m).map(move |j| (base, first + j * page)))
+            .collect();
+        // The free blocks holding the new homes enter the address index (blocks that entered
+        // the free set before the view existed may be missing from it).
+        let sources: Vec<(u64, BlockId)> = runs
+            .iter()
+            .map(|&(_, _, _, id)| (self.blocks.get(id).address, id))
             .collect();
         let v = self.views.as_mut().expect("rule 23 acts");
         let seq = v.next;
@@ -414,6 +421,9 @@ impl<B: Backend> CachingCore<B> {
         let stamp = v.tick();
         for &(_, home) in &homes {
             v.by_home.insert((home, seq));
+        }
+        for (at, id) in sources {
+            v.free_at.insert(at, id);
         }
         v.free_by_size.insert((stream, k, seq));
         v.lru.insert((stamp, seq));
