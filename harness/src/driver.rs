@@ -121,6 +121,9 @@ impl Handles {
             Op::Adopt { ref segment } => Call::Adopt {
                 segment: segment.resolve(),
             },
+            Op::AdoptRange { ref range } => Call::Adopt {
+                segment: range.resolve_range(),
+            },
             Op::SetNextAddress { address } => Call::SetNextAddress { address },
         }
     }
