@@ -353,6 +353,13 @@ pub fn replay_ops_from(
     // Expandable segments (rule 19): the ranges live at this point of the trace, keyed by
     // (stream, small pool?), with their first address and the bytes mapped in them.
     let mut ranges: HashMap<(u64, bool), (u64, u64)> = HashMap::new();
+    // The ranges held at the start (rule 18f), with their mapped bytes.
+    for s in &start.segments {
+        if let Some(base) = s.range {
+            let small = s.pool == cachalot::snapshot::SegmentType::Small;
+            ranges.entry((s.stream, small)).or_insert((base, 0)).1 += s.size;
+        }
+    }
 
     let mut i = 0;
     while i < n {

@@ -18,8 +18,15 @@
 //!   the free block up to its end is a remainder rule 13 would not have split off (at most
 //!   1 MiB in the large pool; free large blocks are always larger than that) — the whole rest.
 //!
+//! Under expandable segments (rule 19) the dump lists one segment per run of mapped blocks of a
+//! range; the walk takes the runs of one pool and stream as one range (from the lowest run on,
+//! unmapped between runs and after the last), undoes `alloc` and `free_completed` in it as
+//! above (a `free_completed` block is always its request rounded: rule 19c splits whatever
+//! remains), a `segment_map` by unmapping its pages and a `segment_unmap` by mapping them
+//! again as a free block ([`StartSegment::range`]).
+//!
 //! Whatever is inconsistent (an address no block holds, a block in the wrong state, a segment
-//! freed while in use, pages of an expandable segment) stops the walk with a [`StartError`]
+//! freed while in use, a range given back during the trace) stops the walk with a [`StartError`]
 //! that names the entry: the trace did not come from this dump, from this PyTorch version, or
 //! from a policy the walk does not model.
 
@@ -74,6 +81,10 @@ pub struct StartSegment {
     pub pool: SegmentType,
     /// Its blocks in address order.
     pub blocks: Vec<StartBlock>,
+    /// For a run of mapped blocks of a range of expandable segments (rule 19: the dump lists
+    /// one segment per run, `size` its mapped bytes), the range's first address; `None` for a
+    /// segment (rule 8).
+    pub range: Option<u64>,
 }
 
 /// The allocator's state at a trace's first entry.
@@ -181,7 +192,10 @@ pub fn reconstruct_start(
 ) -> Result<StartState, StartError> {
     let mine = || segments.iter().filter(|s| s.device == trace.device);
     if mine().any(|s| s.is_expandable) {
-        return expandable_start(trace, segments);
+        // A range the walk cannot follow (one given back during the trace) is no obstacle
+        // when nothing was held before the trace: the empty start.
+        return expandable_walk(trace, segments, divisions)
+            .or_else(|walk| expandable_start(trace, segments).map_err(|_| walk));
     }
     let mut state: BTreeMap<u64, Seg> = BTreeMap::new();
     for s in mine() {
@@ -398,6 +412,7 @@ pub fn reconstruct_start(
                 size: s.size,
                 stream: s.stream,
                 pool: s.pool,
+                range: None,
                 blocks: s
                     .blocks
                     .into_iter()
@@ -444,10 +459,353 @@ fn set_free_and_merge(seg: &mut Seg, addr: u64) {
     seg.blocks.insert(start, (size, 0, BlockStatus::Inactive));
 }
 
-/// The start of a trace recorded under expandable segments (rule 19), which the backward walk
-/// does not model block by block: it is the empty allocator when every byte mapped at the dump
-/// was mapped during the trace and the process held nothing else — the case of a process
-/// recorded from its start. Anything else is refused, naming what was held before.
+/// One range of expandable segments as the walk keeps it (rule 19).
+#[derive(Debug, Clone)]
+struct WalkRange {
+    stream: u64,
+    pool: SegmentType,
+    /// Blocks by address from the range's first address: (size, requested, state, mapped).
+    /// Everything after the last one is unmapped; the last one is always mapped.
+    blocks: BTreeMap<u64, (u64, u64, BlockStatus, bool)>,
+}
+
+impl WalkRange {
+    /// The block holding `addr`, as `(address, size, requested, state, mapped)`.
+    fn holding(&self, addr: u64) -> Option<(u64, u64, u64, BlockStatus, bool)> {
+        let (&a, &(size, requested, state, mapped)) = self.blocks.range(..=addr).next_back()?;
+        (addr - a < size).then_some((a, size, requested, state, mapped))
+    }
+
+    /// The end of the last block (mapped): everything from there on is unmapped.
+    fn end(&self) -> u64 {
+        self.blocks
+            .iter()
+            .next_back()
+            .map_or(0, |(&a, &(size, ..))| a + size)
+    }
+
+    /// Inserts a block of `size` bytes at `addr` (free and `mapped`, or unmapped) and merges
+    /// it with neighbours of its kind (free mapped blocks with free mapped, unmapped with
+    /// unmapped); trailing unmapped blocks are dropped (the range's rest is unmapped anyway).
+    fn insert_merged(&mut self, addr: u64, size: u64, mapped: bool) {
+        let same = |&(_, _, state, m): &(u64, u64, BlockStatus, bool)| {
+            state == BlockStatus::Inactive && m == mapped
+        };
+        let (mut start, mut size) = (addr, size);
+        if let Some((&p, &b)) = self.blocks.range(..addr).next_back()
+            && p + b.0 == addr
+            && same(&b)
+        {
+            self.blocks.remove(&p);
+            start = p;
+            size += b.0;
+        }
+        if let Some(&b) = self.blocks.get(&(start + size))
+            && same(&b)
+        {
+            self.blocks.remove(&(start + size));
+            size += b.0;
+        }
+        self.blocks
+            .insert(start, (size, 0, BlockStatus::Inactive, mapped));
+        while let Some((&a, &(_, _, _, m))) = self.blocks.iter().next_back()
+            && !m
+        {
+            self.blocks.remove(&a);
+        }
+    }
+}
+
+/// The backward walk under expandable segments (rule 19): the ranges held at the trace's first
+/// entry, rebuilt from the dump's runs (see the module's documentation).
+fn expandable_walk(
+    trace: &DeviceTrace,
+    segments: &[SegmentState],
+    divisions: &[u64; 16],
+) -> Result<StartState, StartError> {
+    let dump_error = |reason: String| StartError {
+        entry: trace.entries.len(),
+        action: "dump".into(),
+        reason,
+    };
+    let mut runs: Vec<&SegmentState> = segments
+        .iter()
+        .filter(|s| s.device == trace.device)
+        .collect();
+    if let Some(s) = runs.iter().find(|s| !s.is_expandable) {
+        return Err(dump_error(format!(
+            "segment {:#x} is not expandable beside expandable ones (settings changed at run \
+             time): the walk does not model the mix",
+            s.address
+        )));
+    }
+    if let Some(s) = runs.iter().find(|s| s.pool_id != (0, 0)) {
+        return Err(dump_error(format!(
+            "segment {:#x} is an expandable segment of a private pool, which the walk does not \
+             model",
+            s.address
+        )));
+    }
+    runs.sort_by_key(|s| s.address);
+    // One range per pool and stream, from its lowest run.
+    let mut ranges: BTreeMap<u64, WalkRange> = BTreeMap::new();
+    let mut base_of: BTreeMap<(u64, bool), u64> = BTreeMap::new();
+    for s in runs {
+        let key = (s.stream, s.segment_type == SegmentType::Small);
+        let base = *base_of.entry(key).or_insert(s.address);
+        let range = ranges.entry(base).or_insert_with(|| WalkRange {
+            stream: s.stream,
+            pool: s.segment_type,
+            blocks: BTreeMap::new(),
+        });
+        let end = range.end().max(base);
+        if s.address < end {
+            return Err(dump_error(format!(
+                "expandable segment {:#x} overlaps another of its range",
+                s.address
+            )));
+        }
+        if s.address > end {
+            range
+                .blocks
+                .insert(end, (s.address - end, 0, BlockStatus::Inactive, false));
+        }
+        let mut at = s.address;
+        for b in &s.blocks {
+            if b.address != at || b.size == 0 {
+                return Err(dump_error(format!(
+                    "the blocks of expandable segment {:#x} do not tile it",
+                    s.address
+                )));
+            }
+            let requested = if b.state == BlockStatus::Inactive {
+                0
+            } else {
+                b.requested_size
+            };
+            range.blocks.insert(at, (b.size, requested, b.state, true));
+            at += b.size;
+        }
+        if at != s.address + s.total_size {
+            return Err(dump_error(format!(
+                "the blocks of expandable segment {:#x} do not tile it",
+                s.address
+            )));
+        }
+    }
+    // A range's first address is greater than every address of the ranges below it, so the
+    // range of an address is the one with the greatest first address at or below it.
+    fn range_of(ranges: &mut BTreeMap<u64, WalkRange>, addr: u64) -> Option<(u64, &mut WalkRange)> {
+        ranges
+            .range_mut(..=addr)
+            .next_back()
+            .map(|(&base, r)| (base, r))
+    }
+    for (i, e) in trace.entries.iter().enumerate().rev() {
+        let fail = |reason: String| StartError {
+            entry: i,
+            action: e.action.name().to_string(),
+            reason,
+        };
+        match e.action {
+            Action::Alloc | Action::FreeRequested | Action::FreeCompleted => {
+                let (_, range) = range_of(&mut ranges, e.addr)
+                    .ok_or_else(|| fail(format!("no range holds {:#x}", e.addr)))?;
+                let block = range.holding(e.addr);
+                match (&e.action, block) {
+                    (Action::Alloc, Some((a, size, _, BlockStatus::ActiveAllocated, true)))
+                        if a == e.addr =>
+                    {
+                        range.blocks.remove(&a);
+                        range.insert_merged(a, size, true);
+                    }
+                    (Action::Alloc, _) => {
+                        return Err(fail(format!(
+                            "no allocated block at {:#x} after it was allocated",
+                            e.addr
+                        )));
+                    }
+                    (Action::FreeRequested, Some((a, _, _, BlockStatus::ActivePendingFree, _)))
+                        if a == e.addr =>
+                    {
+                        if let Some(b) = range.blocks.get_mut(&a) {
+                            b.2 = BlockStatus::ActiveAllocated;
+                        }
+                    }
+                    (Action::FreeRequested, _) => {
+                        return Err(fail(format!(
+                            "no pending block at {:#x} after it was freed",
+                            e.addr
+                        )));
+                    }
+                    (_, Some((fs, fsize, _, BlockStatus::Inactive, true))) => {
+                        let rounded = round_size(e.size.min(MAX_ALLOC_SIZE), divisions);
+                        let fe = fs + fsize;
+                        if rounded > fe - e.addr {
+                            return Err(fail(format!(
+                                "a {rounded}-byte block at {:#x} does not fit its free block",
+                                e.addr
+                            )));
+                        }
+                        range.blocks.remove(&fs);
+                        if e.addr > fs {
+                            range
+                                .blocks
+                                .insert(fs, (e.addr - fs, 0, BlockStatus::Inactive, true));
+                        }
+                        range.blocks.insert(
+                            e.addr,
+                            (rounded, e.size, BlockStatus::ActivePendingFree, true),
+                        );
+                        if e.addr + rounded < fe {
+                            range.blocks.insert(
+                                e.addr + rounded,
+                                (fe - e.addr - rounded, 0, BlockStatus::Inactive, true),
+                            );
+                        }
+                    }
+                    _ => {
+                        return Err(fail(format!(
+                            "{:#x} is not in a free block after its free completed",
+                            e.addr
+                        )));
+                    }
+                }
+            }
+            Action::SegmentMap => {
+                let (base, range) = range_of(&mut ranges, e.addr)
+                    .ok_or_else(|| fail(format!("no range holds {:#x}", e.addr)))?;
+                let end = e.addr.checked_add(e.size).filter(|_| e.size > 0);
+                let Some((fs, fsize, _, BlockStatus::Inactive, true)) = range.holding(e.addr)
+                else {
+                    return Err(fail(format!(
+                        "the pages at {:#x} are not in a free block after they were mapped",
+                        e.addr
+                    )));
+                };
+                let fe = fs + fsize;
+                if end.is_none_or(|end| end > fe) {
+                    return Err(fail(format!(
+                        "{} bytes at {:#x} are not in one free block after they were mapped",
+                        e.size, e.addr
+                    )));
+                }
+                range.blocks.remove(&fs);
+                if e.addr > fs {
+                    range
+                        .blocks
+                        .insert(fs, (e.addr - fs, 0, BlockStatus::Inactive, true));
+                }
+                if e.addr + e.size < fe {
+                    range.blocks.insert(
+                        e.addr + e.size,
+                        (fe - e.addr - e.size, 0, BlockStatus::Inactive, true),
+                    );
+                }
+                range.insert_merged(e.addr, e.size, false);
+                // A range with nothing mapped before this map was reserved for it.
+                if range.blocks.values().all(|b| !b.3) {
+                    ranges.remove(&base);
+                }
+            }
+            Action::SegmentUnmap => {
+                let held = ranges
+                    .range(..=e.addr)
+                    .rev()
+                    .find(|(_, r)| r.stream == e.stream)
+                    .map(|(&base, _)| base);
+                let Some(base) = held else {
+                    return Err(fail(format!(
+                        "no range of stream {} holds {:#x}: a range given back during the \
+                         trace, whose first address the trace does not record",
+                        e.stream, e.addr
+                    )));
+                };
+                let range = ranges.get_mut(&base).expect("found above");
+                let end = range.end();
+                let fits = e.size > 0
+                    && e.addr.checked_add(e.size).is_some()
+                    && if e.addr >= end {
+                        true
+                    } else {
+                        matches!(range.holding(e.addr), Some((a, size, _, _, false))
+                            if e.addr + e.size <= a + size)
+                    };
+                if !fits {
+                    return Err(fail(format!(
+                        "{} bytes at {:#x} are not unmapped after they were unmapped",
+                        e.size, e.addr
+                    )));
+                }
+                if e.addr >= end {
+                    if e.addr > end {
+                        range
+                            .blocks
+                            .insert(end, (e.addr - end, 0, BlockStatus::Inactive, false));
+                    }
+                } else if let Some((a, size, ..)) = range.holding(e.addr) {
+                    range.blocks.remove(&a);
+                    if e.addr > a {
+                        range
+                            .blocks
+                            .insert(a, (e.addr - a, 0, BlockStatus::Inactive, false));
+                    }
+                    if e.addr + e.size < a + size {
+                        range.blocks.insert(
+                            e.addr + e.size,
+                            (a + size - e.addr - e.size, 0, BlockStatus::Inactive, false),
+                        );
+                    }
+                }
+                range.insert_merged(e.addr, e.size, true);
+            }
+            Action::SegmentAlloc | Action::SegmentFree => {
+                return Err(fail(
+                    "a segment of rule 8 in a trace of expandable segments: the walk does not \
+                     model the mix"
+                        .into(),
+                ));
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    for (base, range) in ranges {
+        let mut run: Option<StartSegment> = None;
+        for (address, (size, requested, state, mapped)) in range.blocks {
+            if !mapped {
+                out.extend(run.take());
+                continue;
+            }
+            let seg = run.get_or_insert_with(|| StartSegment {
+                address,
+                size: 0,
+                stream: range.stream,
+                pool: range.pool,
+                blocks: Vec::new(),
+                range: Some(base),
+            });
+            seg.size += size;
+            seg.blocks.push(StartBlock {
+                address,
+                size,
+                requested,
+                state,
+            });
+        }
+        out.extend(run);
+    }
+    out.sort_by_key(|s| s.address);
+    Ok(StartState {
+        private_segments: private_segments(segments, trace.device),
+        segments: out,
+    })
+}
+
+/// The start of a trace recorded under expandable segments (rule 19) when the walk could not
+/// follow its ranges: the empty allocator when every byte mapped at the dump was mapped during
+/// the trace and the process held nothing else — the case of a process recorded from its
+/// start. Anything else is refused, naming what was held before.
 fn expandable_start(
     trace: &DeviceTrace,
     segments: &[SegmentState],
