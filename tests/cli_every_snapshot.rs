@@ -152,13 +152,24 @@ fn a_mid_run_start_under_expandable_segments_is_rebuilt_from_the_pickle_alone() 
         "--pytorch",
         "--json",
     ]));
-    assert_eq!(report["start"]["replayed_from"], "exact", "{}", report["start"]);
+    assert_eq!(
+        report["start"]["replayed_from"], "exact",
+        "{}",
+        report["start"]
+    );
     assert_eq!(report["peak_reserved_bytes"], dev["max_memory_reserved"]);
     assert_eq!(report["peak_allocated_bytes"], dev["max_memory_allocated"]);
-    assert_eq!(report["self_check"]["matches"], true, "{}", report["self_check"]);
+    assert_eq!(
+        report["self_check"]["matches"], true,
+        "{}",
+        report["self_check"]
+    );
     let text = cachalot(&["replay", path.to_str().unwrap(), "--pytorch"]);
     let text = String::from_utf8_lossy(&text.stdout);
-    assert!(text.contains("replayed from that state, block for block"), "{text}");
+    assert!(
+        text.contains("replayed from that state, block for block"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -147,7 +147,10 @@ fn a_mid_run_start_under_expandable_segments_replays_to_pytorchs_figures_and_dum
     let start = snapshot.start_of(0).unwrap();
     // The state PyTorch's own figures give when recording began: its reserved bytes (the
     // mapped runs of the ranges) and its allocated bytes (the live blocks).
-    assert!(start.segments.iter().all(|s| s.range.is_some()), "{start:?}");
+    assert!(
+        start.segments.iter().all(|s| s.range.is_some()),
+        "{start:?}"
+    );
     assert_eq!(
         Some(start.reserved_bytes()),
         at_start["memory_reserved"].as_u64()
@@ -165,7 +168,9 @@ fn a_mid_run_start_under_expandable_segments_replays_to_pytorchs_figures_and_dum
     assert_eq!(out.peak_reserved_bytes, figures.max_memory_reserved);
     assert_eq!(out.peak_allocated_bytes, figures.max_memory_allocated);
     // The pages mapped during the trace: PyTorch's counter at the dump less at the start.
-    let before = at_start["memory_stats"]["num_device_alloc"].as_i64().unwrap();
+    let before = at_start["memory_stats"]["num_device_alloc"]
+        .as_i64()
+        .unwrap();
     assert_eq!(
         out.stats.num_device_alloc as i64,
         figures.stat("num_device_alloc").unwrap() - before

@@ -429,20 +429,21 @@ impl Model {
         }
         let mut offset: u64 = 0;
         for (i, block) in range.blocks.iter().enumerate() {
-            if unmapped(block) && (offset % page != 0 || block.size % page != 0) {
+            if unmapped(block) && (!offset.is_multiple_of(page) || !block.size.is_multiple_of(page))
+            {
                 return Err(format!(
                     "block {i}: unmapped, but not whole pages of {page} bytes"
                 ));
             }
             offset += block.size;
         }
-        if offset % page != 0 {
+        if !offset.is_multiple_of(page) {
             return Err(format!(
                 "the blocks end {offset} bytes in, not on a page boundary"
             ));
         }
         // The rest of the range counts as one more unmapped block.
-        let rest = u64::try_from(covered).map_or(false, |c| c < size);
+        let rest = u64::try_from(covered).is_ok_and(|c| c < size);
         for i in 0..range.blocks.len() {
             let next_unmapped = match range.blocks.get(i + 1) {
                 Some(next) => unmapped(next),

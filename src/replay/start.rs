@@ -1062,6 +1062,175 @@ mod tests {
         assert_eq!(start.segments[0].pool, SegmentType::Small);
     }
 
+    /// A run of a range of expandable segments in the dump (rule 19h).
+    fn run(address: u64, small: bool, blocks: &[(u64, u64, BlockStatus)]) -> SegmentState {
+        let total = blocks.iter().map(|b| b.0).sum();
+        SegmentState {
+            is_expandable: true,
+            segment_type: if small {
+                SegmentType::Small
+            } else {
+                SegmentType::Large
+            },
+            ..segment(address, total, blocks)
+        }
+    }
+
+    /// A rebuilt run: its address, its range, its blocks as (size, requested, state).
+    type Run = (u64, Option<u64>, Vec<(u64, u64, BlockStatus)>);
+
+    fn layout(start: &StartState) -> Vec<Run> {
+        start
+            .segments
+            .iter()
+            .map(|s| {
+                (
+                    s.address,
+                    s.range,
+                    s.blocks
+                        .iter()
+                        .map(|b| (b.size, b.requested, b.state))
+                        .collect(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_range_held_before_the_trace_is_rebuilt_from_its_runs_and_maps() {
+        use BlockStatus::*;
+        // The dump: one large range at `base` with 60 MiB mapped in two runs, 20 MiB unmapped
+        // between them. The trace mapped the last 20 MiB (a second run), allocated 12 MiB at
+        // its start, and freed a 4 MiB tensor of the first run held before it began.
+        let base = 0x3_0200_0000;
+        let trace = DeviceTrace {
+            device: 0,
+            entries: vec![
+                entry(Action::FreeRequested, base + 8 * MIB, 4 * MIB - 1000),
+                entry(Action::FreeCompleted, base + 8 * MIB, 4 * MIB - 1000),
+                entry(Action::SegmentMap, base + 60 * MIB, 20 * MIB),
+                entry(Action::Alloc, base + 60 * MIB, 12 * MIB),
+            ],
+        };
+        let dump = [
+            run(
+                base,
+                false,
+                &[(8 * MIB, 8 * MIB, ActiveAllocated), (32 * MIB, 0, Inactive)],
+            ),
+            run(
+                base + 60 * MIB,
+                false,
+                &[
+                    (12 * MIB, 12 * MIB, ActiveAllocated),
+                    (8 * MIB, 0, Inactive),
+                ],
+            ),
+        ];
+        let start = reconstruct_start(&trace, &dump, &[0; 16]).unwrap();
+        // The map undone: its pages are unmapped again, the rest of the range; the free undone:
+        // the tensor is carved back out of the free block, its request rounded (rule 19c
+        // splits off the rest however small).
+        assert_eq!(
+            layout(&start),
+            vec![(
+                base,
+                Some(base),
+                vec![
+                    (8 * MIB, 8 * MIB, ActiveAllocated),
+                    (4 * MIB - 512, 4 * MIB - 1000, ActiveAllocated),
+                    (28 * MIB + 512, 0, Inactive),
+                ]
+            )]
+        );
+        assert_eq!(start.reserved_bytes(), 40 * MIB);
+    }
+
+    #[test]
+    fn an_unmap_is_undone_by_mapping_its_pages_again_and_the_first_map_removes_a_range() {
+        use BlockStatus::*;
+        // A small range whose 2 MiB page at +2 MiB was unmapped by the trace (empty_cache), and
+        // a large range the trace made (its first map at its first address).
+        let small = 0x2a_5600_0000;
+        let large = 0x7_0000_0000;
+        let trace = DeviceTrace {
+            device: 0,
+            entries: vec![
+                entry(Action::SegmentUnmap, small + 2 * MIB, 2 * MIB),
+                entry(Action::SegmentMap, large, 20 * MIB),
+                entry(Action::Alloc, large, 20 * MIB),
+            ],
+        };
+        let dump = [
+            run(
+                small,
+                true,
+                &[(512, 512, ActiveAllocated), (2 * MIB - 512, 0, Inactive)],
+            ),
+            run(large, false, &[(20 * MIB, 20 * MIB, ActiveAllocated)]),
+        ];
+        let start = reconstruct_start(&trace, &dump, &[0; 16]).unwrap();
+        assert_eq!(
+            layout(&start),
+            vec![(
+                small,
+                Some(small),
+                vec![(512, 512, ActiveAllocated), (4 * MIB - 512, 0, Inactive)]
+            )]
+        );
+    }
+
+    #[test]
+    fn runs_of_one_range_are_kept_apart_by_their_unmapped_gap() {
+        use BlockStatus::*;
+        let base = 0x3_0000_0000;
+        let trace = DeviceTrace {
+            device: 0,
+            entries: vec![entry(Action::Alloc, base, 512)],
+        };
+        let dump = [
+            run(
+                base,
+                true,
+                &[(512, 512, ActiveAllocated), (2 * MIB - 512, 0, Inactive)],
+            ),
+            run(base + 4 * MIB, true, &[(2 * MIB, 0, Inactive)]),
+        ];
+        let start = reconstruct_start(&trace, &dump, &[0; 16]).unwrap();
+        assert_eq!(
+            layout(&start),
+            vec![
+                (base, Some(base), vec![(2 * MIB, 0, Inactive)]),
+                (base + 4 * MIB, Some(base), vec![(2 * MIB, 0, Inactive)]),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_range_given_back_during_the_trace_is_refused_with_the_entry() {
+        use BlockStatus::*;
+        // Allocated before the trace, in a range whose pages the trace unmapped after freeing
+        // it: the range is in no dump, and where it began is not recorded.
+        let base = 0x3_0000_0000;
+        let trace = DeviceTrace {
+            device: 0,
+            entries: vec![
+                entry(Action::FreeRequested, base, 4 * MIB),
+                entry(Action::FreeCompleted, base, 4 * MIB),
+                entry(Action::SegmentUnmap, base, 20 * MIB),
+                entry(Action::Alloc, 0x2a_5600_0000, 512),
+            ],
+        };
+        let dump = [run(
+            0x2a_5600_0000,
+            true,
+            &[(512, 512, ActiveAllocated), (2 * MIB - 512, 0, Inactive)],
+        )];
+        let err = reconstruct_start(&trace, &dump, &[0; 16]).unwrap_err();
+        assert_eq!(err.entry, 2, "{err}");
+        assert!(err.reason.contains("given back"), "{err}");
+    }
+
     #[test]
     fn a_trace_that_does_not_match_the_dump_is_refused_with_the_entry() {
         let trace = DeviceTrace {
