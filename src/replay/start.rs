@@ -546,6 +546,17 @@ fn expandable_walk(
             s.address
         )));
     }
+    if let Some(s) = runs.iter().find(|s| {
+        s.address.checked_add(s.total_size).is_none()
+            || s.blocks
+                .iter()
+                .any(|b| b.address.checked_add(b.size).is_none())
+    }) {
+        return Err(dump_error(format!(
+            "expandable segment {:#x} overflows the address space",
+            s.address
+        )));
+    }
     runs.sort_by_key(|s| s.address);
     // One range per pool and stream, from its lowest run.
     let mut ranges: BTreeMap<u64, WalkRange> = BTreeMap::new();
@@ -901,7 +912,7 @@ mod tests {
                         state,
                         stack: StackId::EMPTY,
                     };
-                    at += size;
+                    at = at.wrapping_add(size);
                     b
                 })
                 .collect(),
@@ -1229,6 +1240,26 @@ mod tests {
         let err = reconstruct_start(&trace, &dump, &[0; 16]).unwrap_err();
         assert_eq!(err.entry, 2, "{err}");
         assert!(err.reason.contains("given back"), "{err}");
+    }
+
+    #[test]
+    fn a_hostile_dump_of_expandable_segments_is_refused_not_a_panic() {
+        use BlockStatus::*;
+        let trace = DeviceTrace {
+            device: 0,
+            entries: vec![entry(Action::SegmentUnmap, u64::MAX - 511, 1 << 40)],
+        };
+        let top = u64::MAX - MIB + 1;
+        for dump in [
+            vec![run(top, true, &[(2 * MIB, 0, Inactive)])],
+            vec![run(0x3_0000_0000, true, &[(2 * MIB, 0, Inactive)])],
+            vec![
+                run(0x3_0000_0000, true, &[(2 * MIB, 0, Inactive)]),
+                run(0x3_0000_0000 + MIB, true, &[(2 * MIB, 0, Inactive)]),
+            ],
+        ] {
+            assert!(reconstruct_start(&trace, &dump, &[0; 16]).is_err());
+        }
     }
 
     #[test]
