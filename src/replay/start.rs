@@ -190,11 +190,26 @@ pub fn reconstruct_start(
     segments: &[SegmentState],
     divisions: &[u64; 16],
 ) -> Result<StartState, StartError> {
+    reconstruct_start_paged(trace, segments, divisions, PYTORCH_LARGE_PAGE)
+}
+
+/// PyTorch's page of a large-pool range of expandable segments (rule 19): 20 MiB.
+pub const PYTORCH_LARGE_PAGE: u64 = 20 << 20;
+
+/// [`reconstruct_start`] for a trace whose large-pool ranges of expandable segments (rule 19)
+/// had pages of `large_page` bytes (the small pool's are 2 MiB): every page the walk maps or
+/// unmaps again must be whole pages of its range.
+pub fn reconstruct_start_paged(
+    trace: &DeviceTrace,
+    segments: &[SegmentState],
+    divisions: &[u64; 16],
+    large_page: u64,
+) -> Result<StartState, StartError> {
     let mine = || segments.iter().filter(|s| s.device == trace.device);
     if mine().any(|s| s.is_expandable) {
         // A range the walk cannot follow (one given back during the trace) is no obstacle
         // when nothing was held before the trace: the empty start.
-        return expandable_walk(trace, segments, divisions)
+        return expandable_walk(trace, segments, divisions, large_page)
             .or_else(|walk| expandable_start(trace, segments).map_err(|_| walk));
     }
     let mut state: BTreeMap<u64, Seg> = BTreeMap::new();
@@ -522,7 +537,17 @@ fn expandable_walk(
     trace: &DeviceTrace,
     segments: &[SegmentState],
     divisions: &[u64; 16],
+    large_page: u64,
 ) -> Result<StartState, StartError> {
+    let page_of = |pool: SegmentType| match pool {
+        SegmentType::Small => SMALL_BUFFER,
+        SegmentType::Large => large_page.max(1),
+    };
+    // Whole pages of the range at `base`: what a map step maps and a release unmaps.
+    let whole = |pool: SegmentType, base: u64, addr: u64, size: u64| {
+        let page = page_of(pool);
+        addr >= base && (addr - base).is_multiple_of(page) && size.is_multiple_of(page)
+    };
     let dump_error = |reason: String| StartError {
         entry: trace.entries.len(),
         action: "dump".into(),
@@ -569,6 +594,12 @@ fn expandable_walk(
             pool: s.segment_type,
             blocks: BTreeMap::new(),
         });
+        if !whole(s.segment_type, base, s.address, s.total_size) {
+            return Err(dump_error(format!(
+                "expandable segment {:#x} ({} bytes) is not whole pages of the range at {base:#x}",
+                s.address, s.total_size
+            )));
+        }
         let end = range.end().max(base);
         if s.address < end {
             return Err(dump_error(format!(
@@ -686,6 +717,12 @@ fn expandable_walk(
             Action::SegmentMap => {
                 let (base, range) = range_of(&mut ranges, e.addr)
                     .ok_or_else(|| fail(format!("no range holds {:#x}", e.addr)))?;
+                if !whole(range.pool, base, e.addr, e.size) {
+                    return Err(fail(format!(
+                        "{} bytes at {:#x} are not whole pages of the range at {base:#x}",
+                        e.size, e.addr
+                    )));
+                }
                 let end = e.addr.checked_add(e.size).filter(|_| e.size > 0);
                 let Some((fs, fsize, _, BlockStatus::Inactive, true)) = range.holding(e.addr)
                 else {
@@ -733,6 +770,16 @@ fn expandable_walk(
                     )));
                 };
                 let range = ranges.get_mut(&base).expect("found above");
+                // Whole pages of the range, or the pages belong to another (a range given
+                // back during the trace, above this one).
+                if !whole(range.pool, base, e.addr, e.size) {
+                    return Err(fail(format!(
+                        "{} bytes at {:#x} are not whole pages of the range of stream {} at \
+                         {base:#x}: a range given back during the trace, whose first address \
+                         the trace does not record",
+                        e.size, e.addr, e.stream
+                    )));
+                }
                 let end = range.end();
                 let fits = e.size > 0
                     && e.addr.checked_add(e.size).is_some()
@@ -1237,6 +1284,28 @@ mod tests {
             true,
             &[(512, 512, ActiveAllocated), (2 * MIB - 512, 0, Inactive)],
         )];
+        let err = reconstruct_start(&trace, &dump, &[0; 16]).unwrap_err();
+        assert_eq!(err.entry, 2, "{err}");
+        assert!(err.reason.contains("given back"), "{err}");
+    }
+
+    #[test]
+    fn pages_of_a_range_given_back_above_another_range_are_not_taken_for_its_own() {
+        use BlockStatus::*;
+        // A large range at `large` (20 MiB pages) is in the dump; the trace gave back a small
+        // range above it (its last 2 MiB page unmapped): those pages are no whole pages of the
+        // large range, so the walk refuses rather than stretch the large range over them.
+        let large = 0x3_0200_0000;
+        let small = 0x2a_5600_0000;
+        let trace = DeviceTrace {
+            device: 0,
+            entries: vec![
+                entry(Action::FreeRequested, small, 512),
+                entry(Action::FreeCompleted, small, 512),
+                entry(Action::SegmentUnmap, small, 2 * MIB),
+            ],
+        };
+        let dump = [run(large, false, &[(20 * MIB, 0, Inactive)])];
         let err = reconstruct_start(&trace, &dump, &[0; 16]).unwrap_err();
         assert_eq!(err.entry, 2, "{err}");
         assert!(err.reason.contains("given back"), "{err}");
