@@ -136,6 +136,47 @@ fn cuda_graph_and_compiled_graph_private_pools_replay_to_pytorchs_figures_and_du
     }
 }
 
+/// Recorded under `expandable_segments:True` after three warm-up steps: the ranges held when
+/// recording began are rebuilt from the dump (rule 18f) and the replay starts from them.
+#[test]
+fn a_mid_run_start_under_expandable_segments_replays_to_pytorchs_figures_and_dump() {
+    let name = "lstm_expandable_warm";
+    let side = sidecar(name);
+    let at_start = &side["stats_at_start"][0];
+    let snapshot = read_snapshot(&user(name)).unwrap();
+    let start = snapshot.start_of(0).unwrap();
+    // The state PyTorch's own figures give when recording began: its reserved bytes (the
+    // mapped runs of the ranges) and its allocated bytes (the live blocks).
+    assert!(
+        start.segments.iter().all(|s| s.range.is_some()),
+        "{start:?}"
+    );
+    assert_eq!(
+        Some(start.reserved_bytes()),
+        at_start["memory_reserved"].as_u64()
+    );
+    let live: u64 = start.live_blocks().map(|(_, b)| b.size).sum();
+    assert_eq!(Some(live), at_start["memory_allocated"].as_u64());
+    let (snapshot, out) = replay_user(name, None);
+    let figures = read_figures_for(
+        &fixtures_root().join("user").join(format!("{name}.json")),
+        0,
+    )
+    .unwrap();
+    let check = check_final_state(&out.final_layout, &snapshot, 0);
+    assert!(check.matches, "{:?}", check.first_difference);
+    assert_eq!(out.peak_reserved_bytes, figures.max_memory_reserved);
+    assert_eq!(out.peak_allocated_bytes, figures.max_memory_allocated);
+    // The pages mapped during the trace: PyTorch's counter at the dump less at the start.
+    let before = at_start["memory_stats"]["num_device_alloc"]
+        .as_i64()
+        .unwrap();
+    assert_eq!(
+        out.stats.num_device_alloc as i64,
+        figures.stat("num_device_alloc").unwrap() - before
+    );
+}
+
 #[test]
 fn wrapped_rings_with_frames_replay_to_pytorchs_window_and_dump() {
     for name in [

@@ -70,6 +70,47 @@ fn traces_recorded_under_expandable_segments_replay_to_pytorchs_figures_and_layo
     );
 }
 
+/// The user-style recordings under expandable segments that began mid-run (after a warm-up, or
+/// a wrapped ring): the ranges held then are rebuilt from the dump and adopted (rule 18f), and
+/// the replay gets PyTorch's peaks over the window and ends in the dump block for block.
+#[test]
+fn mid_run_recordings_under_expandable_segments_start_from_their_rebuilt_ranges() {
+    let dir = root().join("tests/fixtures/expandable");
+    let mut checked = 0;
+    for stem in ["resnet50_warm_expandable", "unet_wrapped_expandable"] {
+        let figures = read_json(&dir.join(format!("{stem}.json")));
+        let dev = &figures["devices"][0];
+        let path = dir.join(format!("{stem}.pickle.gz"));
+        let j = replay(&[path.to_str().unwrap(), "--pytorch"]);
+        assert_eq!(
+            j["start"]["state"], "reconstructed",
+            "{stem}: {}",
+            j["start"]
+        );
+        assert_eq!(
+            j["start"]["replayed_from"], "exact",
+            "{stem}: {}",
+            j["start"]
+        );
+        assert_eq!(
+            j["self_check"]["matches"],
+            Value::Bool(true),
+            "{stem}: {}",
+            j["self_check"]
+        );
+        assert_eq!(
+            j["peak_reserved_bytes"], dev["max_memory_reserved"],
+            "{stem}"
+        );
+        assert_eq!(
+            j["peak_allocated_bytes"], dev["max_memory_allocated"],
+            "{stem}"
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 2);
+}
+
 #[test]
 fn every_trace_replays_under_expandable_segments_to_pytorchs_own_peak() {
     let results = read_json(&root().join("results/pytorch-replay-2026-12-01/results.json"));

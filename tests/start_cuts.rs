@@ -8,7 +8,6 @@
 //!   whole cached block (rule 13 never splits it), whose size the trace does not say when the
 //!   block was allocated before the cut and freed after it;
 //! - `settings_runtime`: its settings changed at run time (the walk rounds by the final ones);
-//! - `lstm_expandable_warm`: expandable segments held when recording began;
 //! - `mempool_mlp`: a private pool freed during the trace (its segments are not in the dump);
 //! - `fraction_oom_retry`: whether a cache release is PyTorch's own inside a failing
 //!   allocation is told by the peak over the window, which a cut right before the release
@@ -52,6 +51,9 @@ fn config(snapshot: &Snapshot, path: &Path) -> ReplayConfig {
     }
 }
 
+/// How many cuts began with ranges of expandable segments held (rule 18f).
+static RANGED_STARTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// Cuts `path`'s trace of `device` at `cuts` points; returns the failures.
 fn check_cuts(path: &Path, device: usize, cuts: usize) -> Vec<String> {
     let snapshot = read_snapshot(path).unwrap();
@@ -77,6 +79,9 @@ fn check_cuts(path: &Path, device: usize, cuts: usize) -> Vec<String> {
                 continue;
             }
         };
+        if start.segments.iter().any(|s| s.range.is_some()) {
+            RANGED_STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         // A block pending at the cut whose completion is not followed by an allocation.
         let pending: std::collections::HashSet<u64> = start
             .live_blocks()
@@ -115,7 +120,7 @@ fn check_cuts(path: &Path, device: usize, cuts: usize) -> Vec<String> {
 #[test]
 fn every_suffix_of_every_trace_is_rebuilt_and_replayed_to_its_dump() {
     let mut paths: Vec<PathBuf> = Vec::new();
-    for dir in ["traces", "user"] {
+    for dir in ["traces", "user", "expandable"] {
         for e in std::fs::read_dir(fixtures_root().join(dir)).unwrap() {
             let p = e.unwrap().path();
             let name = p.file_name().unwrap().to_string_lossy().to_string();
@@ -123,7 +128,6 @@ fn every_suffix_of_every_trace_is_rebuilt_and_replayed_to_its_dump() {
                 "gpt2_generate",
                 "oversize_max_split",
                 "settings_runtime",
-                "lstm_expandable_warm",
                 "mempool_mlp",
                 "fraction_oom_retry",
                 "resnet50_fraction",
@@ -154,6 +158,11 @@ fn every_suffix_of_every_trace_is_rebuilt_and_replayed_to_its_dump() {
         eprintln!("{f}");
     }
     assert!(failures.is_empty(), "{} failures", failures.len());
+    // The fixtures recorded under expandable segments give cuts that began with ranges held,
+    // rebuilt and adopted (rule 18f).
+    let ranged = RANGED_STARTS.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!("{ranged} cuts began with ranges of expandable segments held");
+    assert!(ranged >= 100, "only {ranged} cuts began with ranges held");
 }
 
 /// Every cut of every fixture, the walk alone: it succeeds, and what it rebuilds is a layout
@@ -163,7 +172,7 @@ fn every_suffix_of_every_trace_is_rebuilt_and_replayed_to_its_dump() {
 fn every_cut_of_every_trace_rebuilds_a_layout_pytorch_can_have() {
     use cachalot_tools::snapshot::{BlockStatus, SegmentType};
     let mut paths: Vec<PathBuf> = Vec::new();
-    for dir in ["traces", "user"] {
+    for dir in ["traces", "user", "expandable"] {
         for e in std::fs::read_dir(fixtures_root().join(dir)).unwrap() {
             let p = e.unwrap().path();
             let name = p.file_name().unwrap().to_string_lossy().to_string();
@@ -171,7 +180,6 @@ fn every_cut_of_every_trace_rebuilds_a_layout_pytorch_can_have() {
                 "gpt2_generate",
                 "oversize_max_split",
                 "settings_runtime",
-                "lstm_expandable_warm",
                 "mempool_mlp",
             ];
             if (name.ends_with(".pickle") || name.ends_with(".pickle.gz"))
@@ -201,7 +209,10 @@ fn every_cut_of_every_trace_rebuilds_a_layout_pytorch_can_have() {
                     Ok(start) => {
                         for s in &start.segments {
                             for (i, b) in s.blocks.iter().enumerate() {
-                                let small_large = s.pool == SegmentType::Large && b.size <= 1 << 20;
+                                // Rule 19c: a free block of a range may be of any size.
+                                let small_large = s.pool == SegmentType::Large
+                                    && b.size <= 1 << 20
+                                    && (s.range.is_none() || b.state != BlockStatus::Inactive);
                                 let two_free = i > 0
                                     && b.state == BlockStatus::Inactive
                                     && s.blocks[i - 1].state == BlockStatus::Inactive;

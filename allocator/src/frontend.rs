@@ -535,6 +535,13 @@ impl<B: Backend> Allocator<B> {
         self.lock().core.adopt_segment(segment)
     }
 
+    /// Rule 18f: takes over a range of expandable segments the device already holds, with its
+    /// layout; see [`CachingCore::adopt_range`]. Its allocated blocks become live allocations
+    /// of no thread, as [`Allocator::adopt_segment`]'s do.
+    pub fn adopt_range(&self, range: crate::policy::adopt::AdoptedRange) -> Result<(), Error> {
+        self.lock().core.adopt_range(range)
+    }
+
     /// Runs `f` on the device backend, under the shared lock: for tests and tools that drive
     /// the device itself — the simulated device's stream completions, injected faults and
     /// scripted addresses ([`crate::SimDevice`]), or reading its memory in use.

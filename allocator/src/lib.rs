@@ -108,7 +108,7 @@ pub use stats::{Stat, StatArray, Stats};
 // The memory history (`record_history`, `history`), and segments adopted at the start of a
 // replay (rule 18).
 pub use history::{HistoryOptions, RecordedEvent, TraceAction, TraceEvent};
-pub use policy::adopt::{AdoptedBlock, AdoptedSegment, AdoptedState};
+pub use policy::adopt::{AdoptedBlock, AdoptedRange, AdoptedSegment, AdoptedState};
 
 // Devices: streams, the trait a device implements, and the simulated device.
 pub use backend::sim::{Faults, PageId, SimDevice};

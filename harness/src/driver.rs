@@ -12,14 +12,14 @@
 //! fault harness that drives the core alone. Replayed traces come in as concrete calls through
 //! the product's own replay interpreter ([`ReplayTarget`]), which this driver implements.
 
-use cachalot::{AdoptedSegment, StreamId};
+use cachalot::{AdoptedRange, AdoptedSegment, StreamId};
 use cachalot_tools::replay::ReplayTarget;
 
 use crate::op::{Op, STREAMS, THREADS, ThreadOp, fraction};
 use crate::scenario::{Scenario, ThreadScenario};
 use crate::side::{
     Call, CoreSide, ModelSide, Observation, Outcome, Side, ThreadedSide, adoption_from_allocator,
-    compare_observations,
+    adoption_from_allocator_range, compare_observations,
 };
 
 /// The address used where an operation needs one that no side ever hands out (a free or a
@@ -120,6 +120,9 @@ impl Handles {
             },
             Op::Adopt { ref segment } => Call::Adopt {
                 segment: segment.resolve(),
+            },
+            Op::AdoptRange { ref range } => Call::Adopt {
+                segment: range.resolve_range(),
             },
             Op::SetNextAddress { address } => Call::SetNextAddress { address },
         }
@@ -400,6 +403,13 @@ impl<A: Side, B: Side> ReplayTarget for Driver<A, B> {
     fn adopt_segment(&mut self, segment: AdoptedSegment) -> Result<(), ReplayStop> {
         self.replay_call(Call::Adopt {
             segment: adoption_from_allocator(&segment),
+        })
+        .map(drop)
+    }
+
+    fn adopt_range(&mut self, range: AdoptedRange) -> Result<(), ReplayStop> {
+        self.replay_call(Call::Adopt {
+            segment: adoption_from_allocator_range(&range),
         })
         .map(drop)
     }

@@ -85,6 +85,13 @@ pub enum Op {
         /// The segment and its layout.
         segment: AdoptSpec,
     },
+    /// Adopt a range of expandable segments the device already holds (rule 18f): valid
+    /// layouts most of the time, sometimes one that breaks one of its checks (both sides must
+    /// refuse it); without expandable segments both refuse every one.
+    AdoptRange {
+        /// The range's first address and its first blocks (state 3: unmapped).
+        range: AdoptSpec,
+    },
     /// The next successful device allocation takes this address when it is usable
     /// (`set_next_address`; `None` clears it).
     SetNextAddress {
@@ -274,6 +281,11 @@ pub const OPS: &Draws<Op> = &[
             address: draw(u, NEXT_ADDRESSES)?,
         })
     }),
+    (1, |u| {
+        Ok(Op::AdoptRange {
+            range: AdoptSpec::arbitrary_range(u)?,
+        })
+    }),
 ];
 
 /// The streams of repeated requests: mostly stream 0.
@@ -357,6 +369,7 @@ impl AdoptSpec {
     pub fn resolve(&self) -> Adoption {
         let stream = |s: u8| u64::from(s % STREAMS);
         Adoption {
+            range: false,
             address: self.address,
             size: self.size,
             stream: stream(self.stream),
@@ -368,6 +381,7 @@ impl AdoptSpec {
                     size: b.size,
                     state: match b.state {
                         0 => AdoptionState::Free,
+                        3 => AdoptionState::Unmapped,
                         1 => AdoptionState::Allocated {
                             requested: b.requested,
                         },
@@ -380,6 +394,228 @@ impl AdoptSpec {
                 .collect(),
         }
     }
+}
+
+impl AdoptSpec {
+    /// The range as both sides take it (rule 18f): streams resolved, states named; its size
+    /// is rule 19's, so `size` is not used.
+    pub fn resolve_range(&self) -> Adoption {
+        Adoption {
+            range: true,
+            size: 0,
+            ..self.resolve()
+        }
+    }
+
+    /// A range layout to adopt (rule 18f): valid four times in five, else broken in one of
+    /// twelve ways ([`build_range`]).
+    pub fn arbitrary_range(u: &mut Unstructured<'_>) -> arbitrary::Result<AdoptSpec> {
+        let slot = u.arbitrary()?;
+        let small = u.arbitrary()?;
+        let units = u.arbitrary()?;
+        let stream = stream(u)?;
+        let n = u.int_in_range(0usize..=5)?;
+        let mut blocks = Vec::with_capacity(n);
+        for _ in 0..n {
+            blocks.push((
+                u.arbitrary()?,
+                u.arbitrary()?,
+                u.arbitrary()?,
+                u.arbitrary()?,
+            ));
+        }
+        let flaw = draw(u, ADOPT_FLAWS)?;
+        Ok(build_range(&AdoptRaw {
+            slot,
+            small,
+            units,
+            stream,
+            blocks,
+            flaw,
+        }))
+    }
+}
+
+/// Builds a range layout (rule 18f) from raw numbers: runs of 20 MiB of mapped blocks (whole
+/// pages under either large page the knobs draw, 2 or 20 MiB), maybe an unmapped 20 MiB
+/// first and unmapped 20 or 40 MiB between two runs, the mapped blocks free, allocated and
+/// pending on the harness's streams as the pool allows; then (for `flaw` below 12) one thing
+/// that makes it invalid.
+pub fn build_range(raw: &AdoptRaw) -> AdoptSpec {
+    const CHUNK: u64 = 20 * MIB;
+    const UNIT: u64 = 512;
+    let stream = raw.stream % STREAMS;
+    let unmapped = |size| AdoptBlockSpec {
+        size,
+        state: 3,
+        requested: 0,
+        streams: Vec::new(),
+    };
+    let entries: Vec<(u32, u8, u32, u8)> = if raw.blocks.is_empty() {
+        vec![(u32::MAX, 0, 0, 0)]
+    } else {
+        raw.blocks.clone()
+    };
+    let mut blocks: Vec<AdoptBlockSpec> = Vec::new();
+    if raw.units.is_multiple_of(4) {
+        blocks.push(unmapped(CHUNK));
+    }
+    let runs: &[u64] = match raw.units % 3 {
+        0 => &[1],
+        1 => &[2],
+        _ => &[1, 1],
+    };
+    let mut run_starts = Vec::new();
+    for (k, &chunks) in runs.iter().enumerate() {
+        if k > 0 {
+            blocks.push(unmapped(CHUNK * (1 + u64::from(raw.slot % 2))));
+        }
+        run_starts.push(blocks.len());
+        let start = blocks.len();
+        let mut rem = chunks * CHUNK / UNIT;
+        let mut i = 0;
+        while rem > 0 {
+            let (r_size, r_state, r_req, mask) = entries[i % entries.len()];
+            let r = u64::from(r_size);
+            let prev_free = blocks.len() > start && blocks.last().is_some_and(|b| b.state == 0);
+            let mut state = match r_state % 8 {
+                0..=2 => 0,
+                3..=5 => 1,
+                _ => 2,
+            };
+            if i >= 6 {
+                state = if prev_free { 1 } else { 0 };
+            }
+            if state == 0 && prev_free {
+                state = 1;
+            }
+            let units = if state == 0 {
+                if i >= 6 { rem } else { 1 + r % rem }
+            } else if raw.small {
+                (1 + r % 2048).min(rem)
+            } else if rem <= 2048 {
+                0
+            } else if i >= 6 {
+                rem
+            } else {
+                2049 + r % (rem - 2048)
+            };
+            if units == 0 {
+                // A large block in use does not fit what is left: the rest is free.
+                match blocks.last_mut() {
+                    Some(b) if prev_free => b.size += rem * UNIT,
+                    _ => blocks.push(AdoptBlockSpec {
+                        size: rem * UNIT,
+                        state: 0,
+                        requested: 0,
+                        streams: Vec::new(),
+                    }),
+                }
+                break;
+            }
+            let size = units * UNIT;
+            let requested = if state == 0 {
+                0
+            } else if r_req.is_multiple_of(3) {
+                size
+            } else {
+                1 + u64::from(r_req) % size
+            };
+            let mut streams: Vec<u8> = if state == 2 {
+                (0..STREAMS).filter(|&s| mask & (1 << s) != 0).collect()
+            } else {
+                Vec::new()
+            };
+            if state == 2 && streams.iter().all(|&s| s == stream) {
+                streams.push((stream + 1) % STREAMS);
+            }
+            blocks.push(AdoptBlockSpec {
+                size,
+                state,
+                requested,
+                streams,
+            });
+            rem -= units;
+            i += 1;
+        }
+    }
+    let mut spec = AdoptSpec {
+        address: adopt_slot(raw.slot),
+        size: 0,
+        stream,
+        small: raw.small,
+        blocks,
+    };
+    let first = run_starts[0];
+    let last = spec.blocks.len() - 1;
+    match raw.flaw {
+        0 => spec.address = 0,
+        1 => spec.address += MIB,
+        2 => spec.address = (u64::MAX - MIB) & !(2 * MIB - 1),
+        3 => spec.blocks.insert(0, unmapped(UNIT)),
+        4 => spec.blocks[first].size += 100,
+        5 => {
+            if spec.blocks.get(first + 1).is_some_and(|b| b.state != 3) {
+                for b in &mut spec.blocks[first..first + 2] {
+                    b.state = 0;
+                    b.requested = 0;
+                    b.streams.clear();
+                }
+            } else {
+                spec.blocks[first].size = 0;
+            }
+        }
+        6 => {
+            let b = &mut spec.blocks[last];
+            b.state = 1;
+            b.requested = if raw.slot.is_multiple_of(2) {
+                b.size + 1
+            } else {
+                0
+            };
+        }
+        7 => {
+            let b = &mut spec.blocks[first];
+            b.state = 2;
+            b.requested = 512;
+            b.streams = vec![stream];
+        }
+        8 => {
+            // A block in use of a size its pool never hands out.
+            let run: u64 = spec.blocks[first..]
+                .iter()
+                .take_while(|b| b.state != 3)
+                .map(|b| b.size)
+                .sum();
+            let n = spec.blocks[first..]
+                .iter()
+                .take_while(|b| b.state != 3)
+                .count();
+            let used = if raw.small { 2 * MIB } else { MIB };
+            spec.blocks.splice(
+                first..first + n,
+                [
+                    AdoptBlockSpec {
+                        size: used,
+                        state: 1,
+                        requested: 512,
+                        streams: Vec::new(),
+                    },
+                    AdoptBlockSpec {
+                        size: run - used,
+                        state: 0,
+                        requested: 0,
+                        streams: Vec::new(),
+                    },
+                ],
+            );
+        }
+        9 => spec.blocks = vec![unmapped(CHUNK)],
+        10 => spec.blocks.push(unmapped(CHUNK)),
+        11 => spec.blocks.clear(),
+        _ => {}
+    }
+    spec
 }
 
 impl<'a> Arbitrary<'a> for AdoptSpec {

@@ -7,14 +7,17 @@
 //! both sides; the state is compared after every operation. [`model_passes`] runs a program
 //! several times in a row through the model alone, for measurements of its policy.
 
-use cachalot::{AdoptedSegment, StreamId};
+use cachalot::{AdoptedRange, AdoptedSegment, StreamId};
 use cachalot_tools::replay::{
     Executed, Interpreter, ReplayProgram, ReplayTarget, StartFailure, StartMode,
 };
 
 use crate::driver::Driver;
 use crate::scenario::Knobs;
-use crate::side::{Call, CoreSide, ModelSide, Outcome, Side, adoption_from_allocator};
+use crate::side::{
+    Call, CoreSide, ModelSide, Outcome, Side, adoption_from_allocator,
+    adoption_from_allocator_range,
+};
 
 /// What a side-by-side replay ran.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -171,6 +174,13 @@ impl<S: Side> ReplayTarget for Solo<S> {
     fn adopt_segment(&mut self, segment: AdoptedSegment) -> Result<(), Outcome> {
         self.call(Call::Adopt {
             segment: adoption_from_allocator(&segment),
+        })
+        .map(drop)
+    }
+
+    fn adopt_range(&mut self, range: AdoptedRange) -> Result<(), Outcome> {
+        self.call(Call::Adopt {
+            segment: adoption_from_allocator_range(&range),
         })
         .map(drop)
     }

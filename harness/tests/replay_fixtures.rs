@@ -133,12 +133,26 @@ fn every_derived_trace_agrees_with_the_model_after_every_operation() {
 fn every_user_snapshot_agrees_with_the_model_from_its_adopted_start() {
     let r = replay_all("user", ".pickle.gz");
     assert!(r.len() >= 6, "{} programs", r.len());
-    // resnet50_warm and unet_wrapped were recorded mid-run: they start from the state PyTorch
-    // held, adopted.
+    // resnet50_warm, unet_wrapped and lstm_expandable_warm (ranges of expandable segments,
+    // rule 18f) were recorded mid-run: they start from the state PyTorch held, adopted.
+    let adopted = r.iter().filter(|r| r.adopted > 0).count();
+    assert!(
+        adopted >= 3,
+        "{adopted} programs started from an adopted state"
+    );
+}
+
+#[test]
+fn every_expandable_recording_agrees_with_the_model_from_its_adopted_ranges() {
+    let mut r = replay_all("expandable", ".pickle");
+    r.extend(replay_all("expandable", ".pickle.gz"));
+    assert!(r.len() >= 12, "{} programs", r.len());
+    // resnet50_warm_expandable and unet_wrapped_expandable were recorded mid-run: they start
+    // from the ranges PyTorch held, adopted (rule 18f).
     let adopted = r.iter().filter(|r| r.adopted > 0).count();
     assert!(
         adopted >= 2,
-        "{adopted} programs started from an adopted state"
+        "{adopted} programs started from adopted ranges"
     );
 }
 

@@ -52,6 +52,23 @@ pub enum AdoptedState {
         /// The streams whose work the block waits for.
         streams: Vec<u64>,
     },
+    /// Address space of a range with no memory behind it (rule 18f); a segment has none.
+    Unmapped,
+}
+
+/// A range of expandable segments the process already holds, as the model is told it (rule
+/// 18f).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AdoptedRange {
+    /// The range's first address.
+    pub address: u64,
+    /// The stream its blocks serve.
+    pub stream: u64,
+    /// Whether the range belongs to the small pool (else the large one).
+    pub small: bool,
+    /// Its first blocks in address order, from the range's address on; the rest of the range
+    /// (rule 19's size) is unmapped.
+    pub blocks: Vec<AdoptedBlock>,
 }
 
 impl Model {
@@ -92,7 +109,8 @@ impl Model {
         for adopted in &segment.blocks {
             let mut block = Block::free(address, adopted.size, now);
             match &adopted.state {
-                AdoptedState::Free => {}
+                // Refused by rule 18e.
+                AdoptedState::Free | AdoptedState::Unmapped => {}
                 AdoptedState::Allocated { requested } => {
                     block.state = BlockState::Allocated;
                     block.requested = *requested;
@@ -170,6 +188,12 @@ impl Model {
         }
         let mut total: u128 = 0;
         for (i, block) in segment.blocks.iter().enumerate() {
+            // Rule 18e.
+            if block.state == AdoptedState::Unmapped {
+                return Err(format!(
+                    "block {i}: unmapped, in a segment (only ranges have unmapped blocks)"
+                ));
+            }
             let n = block.size;
             if n == 0 || !n.is_multiple_of(MIN_BLOCK_SIZE) {
                 return Err(format!(
@@ -205,7 +229,7 @@ impl Model {
         }
         for (i, block) in segment.blocks.iter().enumerate() {
             let requested = match &block.state {
-                AdoptedState::Free => continue,
+                AdoptedState::Free | AdoptedState::Unmapped => continue,
                 AdoptedState::Allocated { requested } => *requested,
                 AdoptedState::Pending { requested, streams } => {
                     if streams.iter().all(|&s| s == segment.stream) {
@@ -239,6 +263,251 @@ impl Model {
             .views
             .iter()
             .find(|v| overlaps(address, size, v.address, v.homes.len() as u64 * page))
+        {
+            return Err(format!(
+                "{address:#x} (+{size}) overlaps the stitched view at {:#x}",
+                view.address
+            ));
+        }
+        Ok(())
+    }
+
+    /// Rule 18f: the device already holds `range`, a range of expandable segments with its
+    /// first blocks (the rest unmapped); the model takes it over as if it had reserved and
+    /// grown it. Fails with [`ModelError::InvalidAdoption`] when expandable segments are off,
+    /// or the layout could not have been made (or overlaps memory held), or
+    /// [`ModelError::AdoptionOutOfMemory`] when the device has no room for its mapped bytes;
+    /// either way nothing changes.
+    pub fn adopt_range(&mut self, range: AdoptedRange) -> Result<(), ModelError> {
+        let invalid = |reason: String| ModelError::InvalidAdoption { reason };
+        if !self.config.expandable_segments {
+            return Err(invalid("expandable segments are off".into()));
+        }
+        let pool = if range.small {
+            Pool::Small
+        } else {
+            Pool::Large
+        };
+        let page = self.page_size(pool);
+        let size = crate::expandable::range_size(page, self.device.capacity())
+            .ok_or_else(|| invalid("a range on this device would be empty".into()))?;
+        self.check_range_adoption(&range, size, page)
+            .map_err(invalid)?;
+        // The layout, the rest of the range included, and the mapped runs.
+        let mut layout: Vec<(u64, u64, AdoptedState)> = Vec::new();
+        let mut address = range.address;
+        for b in &range.blocks {
+            layout.push((address, b.size, b.state.clone()));
+            address += b.size;
+        }
+        let end = range.address + size;
+        if address < end {
+            layout.push((address, end - address, AdoptedState::Unmapped));
+        }
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for (a, n, state) in &layout {
+            if *state == AdoptedState::Unmapped {
+                continue;
+            }
+            if let Some(last) = runs.last_mut()
+                && last.0 + last.1 == *a
+            {
+                last.1 += n;
+                continue;
+            }
+            runs.push((*a, *n));
+        }
+        // Rule 18f: the device is told.
+        match self.device.adopt_range(range.address, size, page, &runs) {
+            Ok(()) => {}
+            Err(AdoptRefusal::OutOfMemory) => {
+                return Err(ModelError::AdoptionOutOfMemory {
+                    size: runs.iter().map(|r| r.1).sum(),
+                    device_free: self.device.capacity() - self.device.used(),
+                });
+            }
+            Err(AdoptRefusal::Unusable) => {
+                return Err(invalid(
+                    "the device refuses the range: empty, overflowing or overlapping".into(),
+                ));
+            }
+        }
+        // Rule 22a: every mapped slot is the home of a new page.
+        for &(a, n) in &runs {
+            self.create_pages(a, n, page);
+        }
+        // Rule 18c as in a segment; unmapped blocks are address space only.
+        let now = self.search_counter(pool);
+        let mut blocks = Vec::new();
+        for (a, n, state) in layout {
+            let mut block = Block::free(a, n, now);
+            match state {
+                AdoptedState::Free => {}
+                AdoptedState::Unmapped => block = Block::unmapped(a, n),
+                AdoptedState::Allocated { requested } => {
+                    block.state = BlockState::Allocated;
+                    block.requested = requested;
+                    block.free_since = 0;
+                }
+                AdoptedState::Pending { requested, streams } => {
+                    let mut waits: Vec<u64> =
+                        streams.into_iter().filter(|&s| s != range.stream).collect();
+                    waits.sort_unstable();
+                    waits.dedup();
+                    block.state = BlockState::Pending;
+                    block.requested = requested;
+                    block.pending_events = waits.len();
+                    block.free_since = 0;
+                    for stream in waits {
+                        self.events.push(Event {
+                            stream,
+                            block: a,
+                            complete: false,
+                        });
+                    }
+                }
+            }
+            blocks.push(block);
+        }
+        let index = self.segments.partition_point(|s| s.address < range.address);
+        self.segments.insert(
+            index,
+            Segment {
+                address: range.address,
+                size,
+                stream: range.stream,
+                pool,
+                blocks,
+                expandable: true,
+            },
+        );
+        // Rule 18f's statistics: settled from the state, which counts a range's mapped bytes
+        // as reserved and neither a segment nor inactive split (rule 19).
+        self.settle_stats();
+        Ok(())
+    }
+
+    /// Rule 18f, check by check: the reason of the first that fails.
+    fn check_range_adoption(
+        &self,
+        range: &AdoptedRange,
+        size: u64,
+        page: u64,
+    ) -> Result<(), String> {
+        let address = range.address;
+        if address == 0 {
+            return Err("the range's address is 0".into());
+        }
+        if !address.is_multiple_of(SMALL_BUFFER) {
+            return Err(format!("address {address:#x} is not a multiple of 2 MiB"));
+        }
+        if address.checked_add(size).is_none() {
+            return Err(format!(
+                "{address:#x} + {size} bytes overflows the address space"
+            ));
+        }
+        if range.blocks.is_empty() {
+            return Err("the range has no blocks".into());
+        }
+        let unmapped = |b: &AdoptedBlock| b.state == AdoptedState::Unmapped;
+        if range.blocks.iter().all(unmapped) {
+            return Err("no block of the range is mapped".into());
+        }
+        for (i, block) in range.blocks.iter().enumerate() {
+            if block.size == 0 || !block.size.is_multiple_of(MIN_BLOCK_SIZE) {
+                return Err(format!(
+                    "block {i}: size {} is not a nonzero multiple of 512",
+                    block.size
+                ));
+            }
+        }
+        let covered: u128 = range.blocks.iter().map(|b| u128::from(b.size)).sum();
+        if covered > u128::from(size) {
+            return Err(format!(
+                "the blocks add up to {covered} bytes, the range is {size}"
+            ));
+        }
+        let mut offset: u64 = 0;
+        for (i, block) in range.blocks.iter().enumerate() {
+            if unmapped(block) && (!offset.is_multiple_of(page) || !block.size.is_multiple_of(page))
+            {
+                return Err(format!(
+                    "block {i}: unmapped, but not whole pages of {page} bytes"
+                ));
+            }
+            offset += block.size;
+        }
+        if !offset.is_multiple_of(page) {
+            return Err(format!(
+                "the blocks end {offset} bytes in, not on a page boundary"
+            ));
+        }
+        // The rest of the range counts as one more unmapped block.
+        let rest = u64::try_from(covered).is_ok_and(|c| c < size);
+        for i in 0..range.blocks.len() {
+            let next_unmapped = match range.blocks.get(i + 1) {
+                Some(next) => unmapped(next),
+                None => rest,
+            };
+            if unmapped(&range.blocks[i]) && next_unmapped {
+                return Err(format!("block {i} and the next are both unmapped"));
+            }
+        }
+        for (i, pair) in range.blocks.windows(2).enumerate() {
+            if pair[0].state == AdoptedState::Free && pair[1].state == AdoptedState::Free {
+                return Err(format!(
+                    "blocks {i} and {} are both free (they would have been merged)",
+                    i + 1
+                ));
+            }
+        }
+        for (i, block) in range.blocks.iter().enumerate() {
+            let requested = match &block.state {
+                AdoptedState::Free | AdoptedState::Unmapped => continue,
+                AdoptedState::Allocated { requested } => *requested,
+                AdoptedState::Pending { requested, .. } => *requested,
+            };
+            if range.small && block.size > SMALL_SIZE {
+                return Err(format!(
+                    "block {i}: {} bytes in use in a small-pool range (at most 1 MiB)",
+                    block.size
+                ));
+            }
+            if !range.small && block.size <= SMALL_SIZE {
+                return Err(format!(
+                    "block {i}: {} bytes in use in a large-pool range (must exceed 1 MiB)",
+                    block.size
+                ));
+            }
+            if let AdoptedState::Pending { streams, .. } = &block.state
+                && streams.iter().all(|&s| s == range.stream)
+            {
+                return Err(format!(
+                    "block {i}: pending, but on no stream other than the range's"
+                ));
+            }
+            if requested == 0 || requested > block.size {
+                return Err(format!(
+                    "block {i}: requested {requested} bytes of a {}-byte block",
+                    block.size
+                ));
+            }
+        }
+        if let Some(held) = self
+            .segments
+            .iter()
+            .find(|s| overlaps(address, size, s.address, s.size))
+        {
+            return Err(format!(
+                "{address:#x} (+{size}) overlaps the segment or range held at {:#x} (+{})",
+                held.address, held.size
+            ));
+        }
+        let view_page = self.config.expandable_page;
+        if let Some(view) = self
+            .views
+            .iter()
+            .find(|v| overlaps(address, size, v.address, v.homes.len() as u64 * view_page))
         {
             return Err(format!(
                 "{address:#x} (+{size}) overlaps the stitched view at {:#x}",

@@ -28,7 +28,7 @@ mod stats;
 mod stitching;
 mod threads;
 
-pub use adopt::{AdoptedBlock, AdoptedSegment, AdoptedState};
+pub use adopt::{AdoptedBlock, AdoptedRange, AdoptedSegment, AdoptedState};
 pub use config::{DEFAULT_EXPANDABLE_PAGE, MAX_ALLOC_SIZE, ModelConfig, ModelError};
 pub use invariants::InvariantViolation;
 pub use state::{BlockState, ModelBlock, ModelSegment};

@@ -9,8 +9,8 @@
 use std::time::Instant;
 
 use cachalot::{
-    AdoptedSegment, Backend, CachingCore, Error, SegmentInfo, Settings, SimDevice, Stats, StreamId,
-    TraceEvent,
+    AdoptedRange, AdoptedSegment, Backend, CachingCore, Error, SegmentInfo, Settings, SimDevice,
+    Stats, StreamId, TraceEvent,
 };
 use serde::Serialize;
 
@@ -327,6 +327,10 @@ impl<B: Backend, C: FnMut(&mut B, StreamId)> ReplayTarget for CoreTarget<'_, '_,
 
     fn adopt_segment(&mut self, segment: AdoptedSegment) -> Result<(), Error> {
         self.core.adopt_segment(segment)
+    }
+
+    fn adopt_range(&mut self, range: AdoptedRange) -> Result<(), Error> {
+        self.core.adopt_range(range)
     }
 
     fn complete_stream(&mut self, stream: StreamId) -> Result<(), Error> {

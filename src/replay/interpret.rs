@@ -8,7 +8,7 @@
 
 use cachalot::sizes::Pool;
 use cachalot::snapshot::{BlockStatus, SegmentType};
-use cachalot::{AdoptedBlock, AdoptedSegment, AdoptedState, StreamId};
+use cachalot::{AdoptedBlock, AdoptedRange, AdoptedSegment, AdoptedState, StreamId};
 
 use super::program::{ReplayOp, ReplayProgram};
 use super::start::StartMode;
@@ -56,6 +56,9 @@ pub trait ReplayTarget {
 
     /// Takes over a segment the device already holds (rule 18).
     fn adopt_segment(&mut self, segment: AdoptedSegment) -> Result<(), Self::Error>;
+
+    /// Takes over a range of expandable segments the device already holds (rule 18f).
+    fn adopt_range(&mut self, range: AdoptedRange) -> Result<(), Self::Error>;
 
     /// The work queued on `stream` (a side stream, [`side_stream`]) so far has completed.
     fn complete_stream(&mut self, stream: StreamId) -> Result<(), Self::Error>;
@@ -151,7 +154,13 @@ impl Interpreter {
             StartMode::Empty => {}
             StartMode::Exact => {
                 let mut handles = program.initial.iter();
+                // The runs of one range (rule 19) are adopted together, as one range (rule
+                // 18f): unmapped between them and after the last.
+                let mut range: Option<(u64, AdoptedRange)> = None;
                 for seg in &program.start.segments {
+                    if let Some((_, r)) = range.take_if(|(base, _)| seg.range != Some(*base)) {
+                        target.adopt_range(r).map_err(StartFailure::Target)?;
+                    }
                     let mut blocks = Vec::with_capacity(seg.blocks.len());
                     for b in &seg.blocks {
                         let state = match b.state {
@@ -182,6 +191,35 @@ impl Interpreter {
                             state,
                         });
                     }
+                    let pool = match seg.pool {
+                        SegmentType::Small => Pool::Small,
+                        SegmentType::Large => Pool::Large,
+                    };
+                    if let Some(base) = seg.range {
+                        let (_, r) = range.get_or_insert_with(|| {
+                            (
+                                base,
+                                AdoptedRange {
+                                    address: base,
+                                    stream: StreamId(seg.stream),
+                                    pool,
+                                    blocks: Vec::new(),
+                                },
+                            )
+                        });
+                        let covered: u64 = base + r.blocks.iter().map(|b| b.size).sum::<u64>();
+                        if seg.address < covered {
+                            return Err(StartFailure::Inconsistent);
+                        }
+                        if seg.address > covered {
+                            r.blocks.push(AdoptedBlock {
+                                size: seg.address - covered,
+                                state: AdoptedState::Unmapped,
+                            });
+                        }
+                        r.blocks.extend(blocks);
+                        continue;
+                    }
                     target
                         .adopt_segment(AdoptedSegment {
                             address: seg.address,
@@ -194,6 +232,9 @@ impl Interpreter {
                             blocks,
                         })
                         .map_err(StartFailure::Target)?;
+                }
+                if let Some((_, r)) = range {
+                    target.adopt_range(r).map_err(StartFailure::Target)?;
                 }
             }
             StartMode::LiveTensors => {

@@ -41,6 +41,6 @@ pub use program::{
 pub use recorded::{Recorded, RecordedError};
 pub use start::{
     PrivateSegment, StartBlock, StartError, StartMode, StartSegment, StartState, private_segments,
-    reconstruct_start,
+    reconstruct_start, reconstruct_start_paged,
 };
 pub use step::Stepper;

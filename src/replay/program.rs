@@ -8,7 +8,7 @@ use cachalot::snapshot::{
 };
 
 use super::recorded::Recorded;
-use super::start::{StartError, StartState, reconstruct_start};
+use super::start::{StartError, StartState, reconstruct_start_paged};
 
 /// One operation of a [`ReplayProgram`].
 ///
@@ -254,7 +254,7 @@ pub fn replay_ops_with(
 }
 
 /// [`replay_ops_with`] for a trace whose recording began in state `start` (see
-/// [`reconstruct_start`]): the blocks live then become the program's
+/// [`reconstruct_start`](super::start::reconstruct_start)): the blocks live then become the program's
 /// first handles ([`ReplayProgram::initial`]), so the trace's frees of them are replayed.
 pub fn replay_ops_from(
     trace: &DeviceTrace,
@@ -353,6 +353,13 @@ pub fn replay_ops_from(
     // Expandable segments (rule 19): the ranges live at this point of the trace, keyed by
     // (stream, small pool?), with their first address and the bytes mapped in them.
     let mut ranges: HashMap<(u64, bool), (u64, u64)> = HashMap::new();
+    // The ranges held at the start (rule 18f), with their mapped bytes.
+    for s in &start.segments {
+        if let Some(base) = s.range {
+            let small = s.pool == cachalot::snapshot::SegmentType::Small;
+            ranges.entry((s.stream, small)).or_insert((base, 0)).1 += s.size;
+        }
+    }
 
     let mut i = 0;
     while i < n {
@@ -581,7 +588,8 @@ pub trait SnapshotExt {
     fn replay_programs(&self) -> Vec<(usize, ReplayProgram)>;
 
     /// The allocator's state on `device` when recording began, reconstructed from the dumped
-    /// segments by walking that device's trace backwards ([`reconstruct_start`]).
+    /// segments by walking that device's trace backwards
+    /// ([`reconstruct_start`](super::start::reconstruct_start)).
     fn start_of(&self, device: usize) -> Result<StartState, StartError>;
 }
 
@@ -612,6 +620,15 @@ impl SnapshotExt for Snapshot {
             .as_ref()
             .map(AllocatorSettings::divisions)
             .unwrap_or([0; 16]);
-        reconstruct_start(trace, &self.segments, &divisions)
+        // Rule 19's large-pool page as recorded (PyTorch's 20 MiB unless cachalot's own
+        // `expandable_page_mb` says otherwise).
+        let large_page = self
+            .allocator_settings
+            .as_ref()
+            .and_then(|s| cachalot::Settings::pytorch().apply(&s.alloc_conf).ok())
+            .map_or(cachalot::Settings::pytorch().expandable_page_size, |s| {
+                s.expandable_page_size
+            });
+        reconstruct_start_paged(trace, &self.segments, &divisions, large_page)
     }
 }

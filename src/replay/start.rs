@@ -18,8 +18,15 @@
 //!   the free block up to its end is a remainder rule 13 would not have split off (at most
 //!   1 MiB in the large pool; free large blocks are always larger than that) — the whole rest.
 //!
+//! Under expandable segments (rule 19) the dump lists one segment per run of mapped blocks of a
+//! range; the walk takes the runs of one pool and stream as one range (from the lowest run on,
+//! unmapped between runs and after the last), undoes `alloc` and `free_completed` in it as
+//! above (a `free_completed` block is always its request rounded: rule 19c splits whatever
+//! remains), a `segment_map` by unmapping its pages and a `segment_unmap` by mapping them
+//! again as a free block ([`StartSegment::range`]).
+//!
 //! Whatever is inconsistent (an address no block holds, a block in the wrong state, a segment
-//! freed while in use, pages of an expandable segment) stops the walk with a [`StartError`]
+//! freed while in use, a range given back during the trace) stops the walk with a [`StartError`]
 //! that names the entry: the trace did not come from this dump, from this PyTorch version, or
 //! from a policy the walk does not model.
 
@@ -74,6 +81,10 @@ pub struct StartSegment {
     pub pool: SegmentType,
     /// Its blocks in address order.
     pub blocks: Vec<StartBlock>,
+    /// For a run of mapped blocks of a range of expandable segments (rule 19: the dump lists
+    /// one segment per run, `size` its mapped bytes), the range's first address; `None` for a
+    /// segment (rule 8).
+    pub range: Option<u64>,
 }
 
 /// The allocator's state at a trace's first entry.
@@ -179,9 +190,27 @@ pub fn reconstruct_start(
     segments: &[SegmentState],
     divisions: &[u64; 16],
 ) -> Result<StartState, StartError> {
+    reconstruct_start_paged(trace, segments, divisions, PYTORCH_LARGE_PAGE)
+}
+
+/// PyTorch's page of a large-pool range of expandable segments (rule 19): 20 MiB.
+pub const PYTORCH_LARGE_PAGE: u64 = 20 << 20;
+
+/// [`reconstruct_start`] for a trace whose large-pool ranges of expandable segments (rule 19)
+/// had pages of `large_page` bytes (the small pool's are 2 MiB): every page the walk maps or
+/// unmaps again must be whole pages of its range.
+pub fn reconstruct_start_paged(
+    trace: &DeviceTrace,
+    segments: &[SegmentState],
+    divisions: &[u64; 16],
+    large_page: u64,
+) -> Result<StartState, StartError> {
     let mine = || segments.iter().filter(|s| s.device == trace.device);
     if mine().any(|s| s.is_expandable) {
-        return expandable_start(trace, segments);
+        // A range the walk cannot follow (one given back during the trace) is no obstacle
+        // when nothing was held before the trace: the empty start.
+        return expandable_walk(trace, segments, divisions, large_page)
+            .or_else(|walk| expandable_start(trace, segments).map_err(|_| walk));
     }
     let mut state: BTreeMap<u64, Seg> = BTreeMap::new();
     for s in mine() {
@@ -398,6 +427,7 @@ pub fn reconstruct_start(
                 size: s.size,
                 stream: s.stream,
                 pool: s.pool,
+                range: None,
                 blocks: s
                     .blocks
                     .into_iter()
@@ -444,10 +474,396 @@ fn set_free_and_merge(seg: &mut Seg, addr: u64) {
     seg.blocks.insert(start, (size, 0, BlockStatus::Inactive));
 }
 
-/// The start of a trace recorded under expandable segments (rule 19), which the backward walk
-/// does not model block by block: it is the empty allocator when every byte mapped at the dump
-/// was mapped during the trace and the process held nothing else — the case of a process
-/// recorded from its start. Anything else is refused, naming what was held before.
+/// One range of expandable segments as the walk keeps it (rule 19).
+#[derive(Debug, Clone)]
+struct WalkRange {
+    stream: u64,
+    pool: SegmentType,
+    /// Blocks by address from the range's first address: (size, requested, state, mapped).
+    /// Everything after the last one is unmapped; the last one is always mapped.
+    blocks: BTreeMap<u64, (u64, u64, BlockStatus, bool)>,
+}
+
+impl WalkRange {
+    /// The block holding `addr`, as `(address, size, requested, state, mapped)`.
+    fn holding(&self, addr: u64) -> Option<(u64, u64, u64, BlockStatus, bool)> {
+        let (&a, &(size, requested, state, mapped)) = self.blocks.range(..=addr).next_back()?;
+        (addr - a < size).then_some((a, size, requested, state, mapped))
+    }
+
+    /// The end of the last block (mapped): everything from there on is unmapped.
+    fn end(&self) -> u64 {
+        self.blocks
+            .iter()
+            .next_back()
+            .map_or(0, |(&a, &(size, ..))| a + size)
+    }
+
+    /// Inserts a block of `size` bytes at `addr` (free and `mapped`, or unmapped) and merges
+    /// it with neighbours of its kind (free mapped blocks with free mapped, unmapped with
+    /// unmapped); trailing unmapped blocks are dropped (the range's rest is unmapped anyway).
+    fn insert_merged(&mut self, addr: u64, size: u64, mapped: bool) {
+        let same = |&(_, _, state, m): &(u64, u64, BlockStatus, bool)| {
+            state == BlockStatus::Inactive && m == mapped
+        };
+        let (mut start, mut size) = (addr, size);
+        if let Some((&p, &b)) = self.blocks.range(..addr).next_back()
+            && p + b.0 == addr
+            && same(&b)
+        {
+            self.blocks.remove(&p);
+            start = p;
+            size += b.0;
+        }
+        if let Some(&b) = self.blocks.get(&(start + size))
+            && same(&b)
+        {
+            self.blocks.remove(&(start + size));
+            size += b.0;
+        }
+        self.blocks
+            .insert(start, (size, 0, BlockStatus::Inactive, mapped));
+        while let Some((&a, &(_, _, _, m))) = self.blocks.iter().next_back()
+            && !m
+        {
+            self.blocks.remove(&a);
+        }
+    }
+}
+
+/// The backward walk under expandable segments (rule 19): the ranges held at the trace's first
+/// entry, rebuilt from the dump's runs (see the module's documentation).
+fn expandable_walk(
+    trace: &DeviceTrace,
+    segments: &[SegmentState],
+    divisions: &[u64; 16],
+    large_page: u64,
+) -> Result<StartState, StartError> {
+    let page_of = |pool: SegmentType| match pool {
+        SegmentType::Small => SMALL_BUFFER,
+        SegmentType::Large => large_page.max(1),
+    };
+    // Whole pages of the range at `base`: what a map step maps and a release unmaps.
+    let whole = |pool: SegmentType, base: u64, addr: u64, size: u64| {
+        let page = page_of(pool);
+        addr >= base && (addr - base).is_multiple_of(page) && size.is_multiple_of(page)
+    };
+    let dump_error = |reason: String| StartError {
+        entry: trace.entries.len(),
+        action: "dump".into(),
+        reason,
+    };
+    let mut runs: Vec<&SegmentState> = segments
+        .iter()
+        .filter(|s| s.device == trace.device)
+        .collect();
+    if let Some(s) = runs.iter().find(|s| !s.is_expandable) {
+        return Err(dump_error(format!(
+            "segment {:#x} is not expandable beside expandable ones (settings changed at run \
+             time): the walk does not model the mix",
+            s.address
+        )));
+    }
+    if let Some(s) = runs.iter().find(|s| s.pool_id != (0, 0)) {
+        return Err(dump_error(format!(
+            "segment {:#x} is an expandable segment of a private pool, which the walk does not \
+             model",
+            s.address
+        )));
+    }
+    if let Some(s) = runs.iter().find(|s| {
+        s.address.checked_add(s.total_size).is_none()
+            || s.blocks
+                .iter()
+                .any(|b| b.address.checked_add(b.size).is_none())
+    }) {
+        return Err(dump_error(format!(
+            "expandable segment {:#x} overflows the address space",
+            s.address
+        )));
+    }
+    runs.sort_by_key(|s| s.address);
+    // One range per pool and stream, from its lowest run.
+    let mut ranges: BTreeMap<u64, WalkRange> = BTreeMap::new();
+    let mut base_of: BTreeMap<(u64, bool), u64> = BTreeMap::new();
+    for s in runs {
+        let key = (s.stream, s.segment_type == SegmentType::Small);
+        let base = *base_of.entry(key).or_insert(s.address);
+        let range = ranges.entry(base).or_insert_with(|| WalkRange {
+            stream: s.stream,
+            pool: s.segment_type,
+            blocks: BTreeMap::new(),
+        });
+        if !whole(s.segment_type, base, s.address, s.total_size) {
+            return Err(dump_error(format!(
+                "expandable segment {:#x} ({} bytes) is not whole pages of the range at {base:#x}",
+                s.address, s.total_size
+            )));
+        }
+        let end = range.end().max(base);
+        if s.address < end {
+            return Err(dump_error(format!(
+                "expandable segment {:#x} overlaps another of its range",
+                s.address
+            )));
+        }
+        if s.address > end {
+            range
+                .blocks
+                .insert(end, (s.address - end, 0, BlockStatus::Inactive, false));
+        }
+        let mut at = s.address;
+        for b in &s.blocks {
+            if b.address != at || b.size == 0 {
+                return Err(dump_error(format!(
+                    "the blocks of expandable segment {:#x} do not tile it",
+                    s.address
+                )));
+            }
+            let requested = if b.state == BlockStatus::Inactive {
+                0
+            } else {
+                b.requested_size
+            };
+            range.blocks.insert(at, (b.size, requested, b.state, true));
+            at += b.size;
+        }
+        if at != s.address + s.total_size {
+            return Err(dump_error(format!(
+                "the blocks of expandable segment {:#x} do not tile it",
+                s.address
+            )));
+        }
+    }
+    // A range's first address is greater than every address of the ranges below it, so the
+    // range of an address is the one with the greatest first address at or below it.
+    fn range_of(ranges: &mut BTreeMap<u64, WalkRange>, addr: u64) -> Option<(u64, &mut WalkRange)> {
+        ranges
+            .range_mut(..=addr)
+            .next_back()
+            .map(|(&base, r)| (base, r))
+    }
+    for (i, e) in trace.entries.iter().enumerate().rev() {
+        let fail = |reason: String| StartError {
+            entry: i,
+            action: e.action.name().to_string(),
+            reason,
+        };
+        match e.action {
+            Action::Alloc | Action::FreeRequested | Action::FreeCompleted => {
+                let (_, range) = range_of(&mut ranges, e.addr)
+                    .ok_or_else(|| fail(format!("no range holds {:#x}", e.addr)))?;
+                let block = range.holding(e.addr);
+                match (&e.action, block) {
+                    (Action::Alloc, Some((a, size, _, BlockStatus::ActiveAllocated, true)))
+                        if a == e.addr =>
+                    {
+                        range.blocks.remove(&a);
+                        range.insert_merged(a, size, true);
+                    }
+                    (Action::Alloc, _) => {
+                        return Err(fail(format!(
+                            "no allocated block at {:#x} after it was allocated",
+                            e.addr
+                        )));
+                    }
+                    (Action::FreeRequested, Some((a, _, _, BlockStatus::ActivePendingFree, _)))
+                        if a == e.addr =>
+                    {
+                        if let Some(b) = range.blocks.get_mut(&a) {
+                            b.2 = BlockStatus::ActiveAllocated;
+                        }
+                    }
+                    (Action::FreeRequested, _) => {
+                        return Err(fail(format!(
+                            "no pending block at {:#x} after it was freed",
+                            e.addr
+                        )));
+                    }
+                    (_, Some((fs, fsize, _, BlockStatus::Inactive, true))) => {
+                        let rounded = round_size(e.size.min(MAX_ALLOC_SIZE), divisions);
+                        let fe = fs + fsize;
+                        if rounded > fe - e.addr {
+                            return Err(fail(format!(
+                                "a {rounded}-byte block at {:#x} does not fit its free block",
+                                e.addr
+                            )));
+                        }
+                        range.blocks.remove(&fs);
+                        if e.addr > fs {
+                            range
+                                .blocks
+                                .insert(fs, (e.addr - fs, 0, BlockStatus::Inactive, true));
+                        }
+                        range.blocks.insert(
+                            e.addr,
+                            (rounded, e.size, BlockStatus::ActivePendingFree, true),
+                        );
+                        if e.addr + rounded < fe {
+                            range.blocks.insert(
+                                e.addr + rounded,
+                                (fe - e.addr - rounded, 0, BlockStatus::Inactive, true),
+                            );
+                        }
+                    }
+                    _ => {
+                        return Err(fail(format!(
+                            "{:#x} is not in a free block after its free completed",
+                            e.addr
+                        )));
+                    }
+                }
+            }
+            Action::SegmentMap => {
+                let (base, range) = range_of(&mut ranges, e.addr)
+                    .ok_or_else(|| fail(format!("no range holds {:#x}", e.addr)))?;
+                if !whole(range.pool, base, e.addr, e.size) {
+                    return Err(fail(format!(
+                        "{} bytes at {:#x} are not whole pages of the range at {base:#x}",
+                        e.size, e.addr
+                    )));
+                }
+                let end = e.addr.checked_add(e.size).filter(|_| e.size > 0);
+                let Some((fs, fsize, _, BlockStatus::Inactive, true)) = range.holding(e.addr)
+                else {
+                    return Err(fail(format!(
+                        "the pages at {:#x} are not in a free block after they were mapped",
+                        e.addr
+                    )));
+                };
+                let fe = fs + fsize;
+                if end.is_none_or(|end| end > fe) {
+                    return Err(fail(format!(
+                        "{} bytes at {:#x} are not in one free block after they were mapped",
+                        e.size, e.addr
+                    )));
+                }
+                range.blocks.remove(&fs);
+                if e.addr > fs {
+                    range
+                        .blocks
+                        .insert(fs, (e.addr - fs, 0, BlockStatus::Inactive, true));
+                }
+                if e.addr + e.size < fe {
+                    range.blocks.insert(
+                        e.addr + e.size,
+                        (fe - e.addr - e.size, 0, BlockStatus::Inactive, true),
+                    );
+                }
+                range.insert_merged(e.addr, e.size, false);
+                // A range with nothing mapped before this map was reserved for it.
+                if range.blocks.values().all(|b| !b.3) {
+                    ranges.remove(&base);
+                }
+            }
+            Action::SegmentUnmap => {
+                let held = ranges
+                    .range(..=e.addr)
+                    .rev()
+                    .find(|(_, r)| r.stream == e.stream)
+                    .map(|(&base, _)| base);
+                let Some(base) = held else {
+                    return Err(fail(format!(
+                        "no range of stream {} holds {:#x}: a range given back during the \
+                         trace, whose first address the trace does not record",
+                        e.stream, e.addr
+                    )));
+                };
+                let range = ranges.get_mut(&base).expect("found above");
+                // Whole pages of the range, or the pages belong to another (a range given
+                // back during the trace, above this one).
+                if !whole(range.pool, base, e.addr, e.size) {
+                    return Err(fail(format!(
+                        "{} bytes at {:#x} are not whole pages of the range of stream {} at \
+                         {base:#x}: a range given back during the trace, whose first address \
+                         the trace does not record",
+                        e.size, e.addr, e.stream
+                    )));
+                }
+                let end = range.end();
+                let fits = e.size > 0
+                    && e.addr.checked_add(e.size).is_some()
+                    && if e.addr >= end {
+                        true
+                    } else {
+                        matches!(range.holding(e.addr), Some((a, size, _, _, false))
+                            if e.addr + e.size <= a + size)
+                    };
+                if !fits {
+                    return Err(fail(format!(
+                        "{} bytes at {:#x} are not unmapped after they were unmapped",
+                        e.size, e.addr
+                    )));
+                }
+                if e.addr >= end {
+                    if e.addr > end {
+                        range
+                            .blocks
+                            .insert(end, (e.addr - end, 0, BlockStatus::Inactive, false));
+                    }
+                } else if let Some((a, size, ..)) = range.holding(e.addr) {
+                    range.blocks.remove(&a);
+                    if e.addr > a {
+                        range
+                            .blocks
+                            .insert(a, (e.addr - a, 0, BlockStatus::Inactive, false));
+                    }
+                    if e.addr + e.size < a + size {
+                        range.blocks.insert(
+                            e.addr + e.size,
+                            (a + size - e.addr - e.size, 0, BlockStatus::Inactive, false),
+                        );
+                    }
+                }
+                range.insert_merged(e.addr, e.size, true);
+            }
+            Action::SegmentAlloc | Action::SegmentFree => {
+                return Err(fail(
+                    "a segment of rule 8 in a trace of expandable segments: the walk does not \
+                     model the mix"
+                        .into(),
+                ));
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    for (base, range) in ranges {
+        let mut run: Option<StartSegment> = None;
+        for (address, (size, requested, state, mapped)) in range.blocks {
+            if !mapped {
+                out.extend(run.take());
+                continue;
+            }
+            let seg = run.get_or_insert_with(|| StartSegment {
+                address,
+                size: 0,
+                stream: range.stream,
+                pool: range.pool,
+                blocks: Vec::new(),
+                range: Some(base),
+            });
+            seg.size += size;
+            seg.blocks.push(StartBlock {
+                address,
+                size,
+                requested,
+                state,
+            });
+        }
+        out.extend(run);
+    }
+    out.sort_by_key(|s| s.address);
+    Ok(StartState {
+        private_segments: private_segments(segments, trace.device),
+        segments: out,
+    })
+}
+
+/// The start of a trace recorded under expandable segments (rule 19) when the walk could not
+/// follow its ranges: the empty allocator when every byte mapped at the dump was mapped during
+/// the trace and the process held nothing else — the case of a process recorded from its
+/// start. Anything else is refused, naming what was held before.
 fn expandable_start(
     trace: &DeviceTrace,
     segments: &[SegmentState],
@@ -543,7 +959,7 @@ mod tests {
                         state,
                         stack: StackId::EMPTY,
                     };
-                    at += size;
+                    at = at.wrapping_add(size);
                     b
                 })
                 .collect(),
@@ -702,6 +1118,217 @@ mod tests {
         assert_eq!(start.segments.len(), 1);
         assert_eq!(start.segments[0].address, 0x1000_0000);
         assert_eq!(start.segments[0].pool, SegmentType::Small);
+    }
+
+    /// A run of a range of expandable segments in the dump (rule 19h).
+    fn run(address: u64, small: bool, blocks: &[(u64, u64, BlockStatus)]) -> SegmentState {
+        let total = blocks.iter().map(|b| b.0).sum();
+        SegmentState {
+            is_expandable: true,
+            segment_type: if small {
+                SegmentType::Small
+            } else {
+                SegmentType::Large
+            },
+            ..segment(address, total, blocks)
+        }
+    }
+
+    /// A rebuilt run: its address, its range, its blocks as (size, requested, state).
+    type Run = (u64, Option<u64>, Vec<(u64, u64, BlockStatus)>);
+
+    fn layout(start: &StartState) -> Vec<Run> {
+        start
+            .segments
+            .iter()
+            .map(|s| {
+                (
+                    s.address,
+                    s.range,
+                    s.blocks
+                        .iter()
+                        .map(|b| (b.size, b.requested, b.state))
+                        .collect(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_range_held_before_the_trace_is_rebuilt_from_its_runs_and_maps() {
+        use BlockStatus::*;
+        // The dump: one large range at `base` with 60 MiB mapped in two runs, 20 MiB unmapped
+        // between them. The trace mapped the last 20 MiB (a second run), allocated 12 MiB at
+        // its start, and freed a 4 MiB tensor of the first run held before it began.
+        let base = 0x3_0200_0000;
+        let trace = DeviceTrace {
+            device: 0,
+            entries: vec![
+                entry(Action::FreeRequested, base + 8 * MIB, 4 * MIB - 1000),
+                entry(Action::FreeCompleted, base + 8 * MIB, 4 * MIB - 1000),
+                entry(Action::SegmentMap, base + 60 * MIB, 20 * MIB),
+                entry(Action::Alloc, base + 60 * MIB, 12 * MIB),
+            ],
+        };
+        let dump = [
+            run(
+                base,
+                false,
+                &[(8 * MIB, 8 * MIB, ActiveAllocated), (32 * MIB, 0, Inactive)],
+            ),
+            run(
+                base + 60 * MIB,
+                false,
+                &[
+                    (12 * MIB, 12 * MIB, ActiveAllocated),
+                    (8 * MIB, 0, Inactive),
+                ],
+            ),
+        ];
+        let start = reconstruct_start(&trace, &dump, &[0; 16]).unwrap();
+        // The map undone: its pages are unmapped again, the rest of the range; the free undone:
+        // the tensor is carved back out of the free block, its request rounded (rule 19c
+        // splits off the rest however small).
+        assert_eq!(
+            layout(&start),
+            vec![(
+                base,
+                Some(base),
+                vec![
+                    (8 * MIB, 8 * MIB, ActiveAllocated),
+                    (4 * MIB - 512, 4 * MIB - 1000, ActiveAllocated),
+                    (28 * MIB + 512, 0, Inactive),
+                ]
+            )]
+        );
+        assert_eq!(start.reserved_bytes(), 40 * MIB);
+    }
+
+    #[test]
+    fn an_unmap_is_undone_by_mapping_its_pages_again_and_the_first_map_removes_a_range() {
+        use BlockStatus::*;
+        // A small range whose 2 MiB page at +2 MiB was unmapped by the trace (empty_cache), and
+        // a large range the trace made (its first map at its first address).
+        let small = 0x2a_5600_0000;
+        let large = 0x7_0000_0000;
+        let trace = DeviceTrace {
+            device: 0,
+            entries: vec![
+                entry(Action::SegmentUnmap, small + 2 * MIB, 2 * MIB),
+                entry(Action::SegmentMap, large, 20 * MIB),
+                entry(Action::Alloc, large, 20 * MIB),
+            ],
+        };
+        let dump = [
+            run(
+                small,
+                true,
+                &[(512, 512, ActiveAllocated), (2 * MIB - 512, 0, Inactive)],
+            ),
+            run(large, false, &[(20 * MIB, 20 * MIB, ActiveAllocated)]),
+        ];
+        let start = reconstruct_start(&trace, &dump, &[0; 16]).unwrap();
+        assert_eq!(
+            layout(&start),
+            vec![(
+                small,
+                Some(small),
+                vec![(512, 512, ActiveAllocated), (4 * MIB - 512, 0, Inactive)]
+            )]
+        );
+    }
+
+    #[test]
+    fn runs_of_one_range_are_kept_apart_by_their_unmapped_gap() {
+        use BlockStatus::*;
+        let base = 0x3_0000_0000;
+        let trace = DeviceTrace {
+            device: 0,
+            entries: vec![entry(Action::Alloc, base, 512)],
+        };
+        let dump = [
+            run(
+                base,
+                true,
+                &[(512, 512, ActiveAllocated), (2 * MIB - 512, 0, Inactive)],
+            ),
+            run(base + 4 * MIB, true, &[(2 * MIB, 0, Inactive)]),
+        ];
+        let start = reconstruct_start(&trace, &dump, &[0; 16]).unwrap();
+        assert_eq!(
+            layout(&start),
+            vec![
+                (base, Some(base), vec![(2 * MIB, 0, Inactive)]),
+                (base + 4 * MIB, Some(base), vec![(2 * MIB, 0, Inactive)]),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_range_given_back_during_the_trace_is_refused_with_the_entry() {
+        use BlockStatus::*;
+        // Allocated before the trace, in a range whose pages the trace unmapped after freeing
+        // it: the range is in no dump, and where it began is not recorded.
+        let base = 0x3_0000_0000;
+        let trace = DeviceTrace {
+            device: 0,
+            entries: vec![
+                entry(Action::FreeRequested, base, 4 * MIB),
+                entry(Action::FreeCompleted, base, 4 * MIB),
+                entry(Action::SegmentUnmap, base, 20 * MIB),
+                entry(Action::Alloc, 0x2a_5600_0000, 512),
+            ],
+        };
+        let dump = [run(
+            0x2a_5600_0000,
+            true,
+            &[(512, 512, ActiveAllocated), (2 * MIB - 512, 0, Inactive)],
+        )];
+        let err = reconstruct_start(&trace, &dump, &[0; 16]).unwrap_err();
+        assert_eq!(err.entry, 2, "{err}");
+        assert!(err.reason.contains("given back"), "{err}");
+    }
+
+    #[test]
+    fn pages_of_a_range_given_back_above_another_range_are_not_taken_for_its_own() {
+        use BlockStatus::*;
+        // A large range at `large` (20 MiB pages) is in the dump; the trace gave back a small
+        // range above it (its last 2 MiB page unmapped): those pages are no whole pages of the
+        // large range, so the walk refuses rather than stretch the large range over them.
+        let large = 0x3_0200_0000;
+        let small = 0x2a_5600_0000;
+        let trace = DeviceTrace {
+            device: 0,
+            entries: vec![
+                entry(Action::FreeRequested, small, 512),
+                entry(Action::FreeCompleted, small, 512),
+                entry(Action::SegmentUnmap, small, 2 * MIB),
+            ],
+        };
+        let dump = [run(large, false, &[(20 * MIB, 0, Inactive)])];
+        let err = reconstruct_start(&trace, &dump, &[0; 16]).unwrap_err();
+        assert_eq!(err.entry, 2, "{err}");
+        assert!(err.reason.contains("given back"), "{err}");
+    }
+
+    #[test]
+    fn a_hostile_dump_of_expandable_segments_is_refused_not_a_panic() {
+        use BlockStatus::*;
+        let trace = DeviceTrace {
+            device: 0,
+            entries: vec![entry(Action::SegmentUnmap, u64::MAX - 511, 1 << 40)],
+        };
+        let top = u64::MAX - MIB + 1;
+        for dump in [
+            vec![run(top, true, &[(2 * MIB, 0, Inactive)])],
+            vec![run(0x3_0000_0000, true, &[(2 * MIB, 0, Inactive)])],
+            vec![
+                run(0x3_0000_0000, true, &[(2 * MIB, 0, Inactive)]),
+                run(0x3_0000_0000 + MIB, true, &[(2 * MIB, 0, Inactive)]),
+            ],
+        ] {
+            assert!(reconstruct_start(&trace, &dump, &[0; 16]).is_err());
+        }
     }
 
     #[test]

@@ -90,6 +90,30 @@ pub trait Backend {
         })
     }
 
+    /// Takes note that a reservation of `size` bytes at `address`, of `page`-byte pages,
+    /// already exists with new pages mapped at the `(address, bytes)` runs of `mapped` (whole
+    /// pages inside it, in address order, not overlapping; rule 18f: a range of expandable
+    /// segments the process held before the allocator was told of it); from now on it is
+    /// mapped, unmapped and released like a reservation [`Backend::reserve`] made.
+    ///
+    /// The default refuses, as [`Backend::adopt`] does: a backend that cannot vouch for such
+    /// a range (the CUDA backend) fails with [`BackendError::Device`] and nothing changes.
+    fn adopt_range(
+        &mut self,
+        address: u64,
+        size: u64,
+        page: u64,
+        mapped: &[(u64, u64)],
+    ) -> Result<(), BackendError> {
+        let _ = (page, mapped);
+        Err(BackendError::Device {
+            operation: "adopt_range",
+            message: format!(
+                "adopting an existing range ({address:#x}, {size} bytes) is not supported by this backend"
+            ),
+        })
+    }
+
     /// Whether the backend offers virtual memory — [`Backend::reserve`], [`Backend::map`],
     /// [`Backend::unmap`] and [`Backend::release_reservation`], and [`Backend::alias`] for page
     /// aliasing (rule 22) — which expandable segments (rule 19) need. The default is `false`,

@@ -476,6 +476,78 @@ impl Backend for SimDevice {
         Ok(())
     }
 
+    /// Rule 18f: reserves `size` bytes at `address` and creates a page for every slot of the
+    /// `mapped` runs, counted against capacity. Refused with a device error when the range is
+    /// empty, not whole pages, overflows or overlaps a live allocation or reservation, or a run
+    /// is not whole pages inside it (in address order, not overlapping); with out-of-memory
+    /// when the mapped bytes do not fit the capacity left. Injected faults do not apply, and it
+    /// is not counted as an allocation in [`SimDevice::call_counts`].
+    fn adopt_range(
+        &mut self,
+        address: u64,
+        size: u64,
+        page: u64,
+        mapped: &[(u64, u64)],
+    ) -> Result<(), BackendError> {
+        let refuse = |why: &str| BackendError::Device {
+            operation: "adopt_range",
+            message: format!("{address:#x} (+{size}): {why}"),
+        };
+        if size == 0 || page == 0 || !size.is_multiple_of(page) {
+            return Err(refuse("not a whole number of pages"));
+        }
+        if address == 0 || address.checked_add(size).is_none() || self.overlaps(address, size) {
+            return Err(refuse(
+                "empty, overflows or overlaps a live allocation or reservation",
+            ));
+        }
+        let mut at = address;
+        let mut bytes: u64 = 0;
+        for &(a, n) in mapped {
+            let inside = a >= at && n > 0 && a - address <= size && n <= size - (a - address);
+            if !inside || !(a - address).is_multiple_of(page) || !n.is_multiple_of(page) {
+                return Err(refuse(
+                    "a mapped run is not whole pages inside it, in order",
+                ));
+            }
+            at = a + n;
+            bytes += n;
+        }
+        if self.used.saturating_add(bytes) > self.capacity {
+            return Err(BackendError::OutOfMemory);
+        }
+        let mut r = Reservation {
+            size,
+            page,
+            slots: Vec::new(),
+            mapped: 0,
+        };
+        for &(a, n) in mapped {
+            for slot in (a..a + n).step_by(page as usize) {
+                let created = Page {
+                    size: page,
+                    first: Some(slot),
+                    more: Vec::new(),
+                };
+                let id = match self.vacant.pop() {
+                    Some(id) => {
+                        self.pages[id as usize] = Some(created);
+                        id
+                    }
+                    None => {
+                        self.pages.push(Some(created));
+                        (self.pages.len() - 1) as u32
+                    }
+                };
+                r.set(((slot - address) / page) as usize, id);
+            }
+            r.mapped += n / page;
+        }
+        self.reservations.insert(address, r);
+        self.used += bytes;
+        Ok(())
+    }
+
     fn virtual_memory(&self) -> bool {
         true
     }

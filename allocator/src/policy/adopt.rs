@@ -8,7 +8,7 @@
 //! statistics raised by what it holds.
 
 use crate::backend::{Backend, EventId, StreamId};
-use crate::block::{Block, BlockId, BlockPhase};
+use crate::block::{Backing, Block, BlockId, BlockPhase};
 use crate::error::Error;
 use crate::sizes::{MIN_BLOCK_SIZE, MIN_LARGE_ALLOC, Pool, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE};
 
@@ -55,6 +55,25 @@ pub enum AdoptedState {
         /// The streams it waits for; the segment's own stream and repeats are ignored.
         streams: Vec<StreamId>,
     },
+    /// Address space of a range with no memory behind it (rule 18f): only a range
+    /// ([`CachingCore::adopt_range`]) has such blocks.
+    Unmapped,
+}
+
+/// A range of expandable segments that already exists (rule 18f), with its layout, for
+/// [`CachingCore::adopt_range`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AdoptedRange {
+    /// The range's first address.
+    pub address: u64,
+    /// The stream its blocks serve.
+    pub stream: StreamId,
+    /// The pool it belongs to.
+    pub pool: Pool,
+    /// Its blocks in address order from `address`, mapped (free, allocated, pending) or
+    /// [`AdoptedState::Unmapped`]; they cover the range's first bytes, and the rest of the
+    /// range (its size is rule 19's) is one more unmapped block.
+    pub blocks: Vec<AdoptedBlock>,
 }
 
 impl<B: Backend> CachingCore<B> {
@@ -70,41 +89,342 @@ impl<B: Backend> CachingCore<B> {
     pub fn adopt_segment(&mut self, segment: AdoptedSegment) -> Result<(), Error> {
         self.check_adoption(&segment)
             .map_err(|reason| Error::InvalidAdoption { reason })?;
-        // Rule 18c: one event per distinct other stream, blocks in address order, streams
-        // ascending; recorded before the backend is told so that a failure undoes cleanly.
+        let recorded = self.record_pending(segment.stream, &segment.blocks)?;
+        // Rule 18b.
+        if let Err(err) = self.backend.adopt(segment.address, segment.size) {
+            self.forget_events(&recorded);
+            return Err(Error::Backend(err));
+        }
+        self.install(&segment, &recorded);
+        Ok(())
+    }
+
+    /// Rule 18c: one event per distinct stream other than `stream` for each pending block,
+    /// blocks in address order, streams ascending; recorded before the backend is told so
+    /// that a failure undoes cleanly. On a failure the events recorded so far are destroyed.
+    fn record_pending(
+        &mut self,
+        stream: StreamId,
+        blocks: &[AdoptedBlock],
+    ) -> Result<Vec<(usize, StreamId, EventId)>, Error> {
         let mut recorded: Vec<(usize, StreamId, EventId)> = Vec::new();
-        let undo = |core: &mut Self, recorded: &[(usize, StreamId, EventId)]| {
-            for &(_, _, e) in recorded {
-                core.backend.destroy_event(e);
-            }
-        };
-        for (i, block) in segment.blocks.iter().enumerate() {
+        for (i, block) in blocks.iter().enumerate() {
             if let AdoptedState::Pending { streams, .. } = &block.state {
-                let mut waits: Vec<StreamId> = streams
-                    .iter()
-                    .copied()
-                    .filter(|&s| s != segment.stream)
-                    .collect();
+                let mut waits: Vec<StreamId> =
+                    streams.iter().copied().filter(|&s| s != stream).collect();
                 waits.sort_unstable();
                 waits.dedup();
                 for s in waits {
                     match self.backend.record_event(s) {
                         Ok(e) => recorded.push((i, s, e)),
                         Err(err) => {
-                            undo(self, &recorded);
+                            self.forget_events(&recorded);
                             return Err(Error::Backend(err));
                         }
                     }
                 }
             }
         }
-        // Rule 18b.
-        if let Err(err) = self.backend.adopt(segment.address, segment.size) {
-            undo(self, &recorded);
+        Ok(recorded)
+    }
+
+    /// Destroys the events of a failed adoption.
+    fn forget_events(&mut self, recorded: &[(usize, StreamId, EventId)]) {
+        for &(_, _, e) in recorded {
+            self.backend.destroy_event(e);
+        }
+    }
+
+    /// Rule 18f: takes over a range of expandable segments (rule 19) the device already holds,
+    /// with its layout, as if this allocator had reserved and grown it (a trace's starting
+    /// state under `expandable_segments:True`).
+    ///
+    /// The range's size is rule 19's for the pool (the device's capacity is asked now); the
+    /// blocks cover its first bytes and the rest is unmapped. Fails with
+    /// [`Error::InvalidAdoption`] when expandable segments are off or the layout could not
+    /// have been made by the policy or overlaps memory held, and with [`Error::Backend`] when
+    /// the backend refuses the range (the simulated device when the mapped bytes do not fit
+    /// its capacity: out-of-memory; the CUDA backend always). On failure nothing changes.
+    /// The statistics rise by the layout (no `segment`, no inactive split); `num_device_alloc`
+    /// does not count.
+    pub fn adopt_range(&mut self, range: AdoptedRange) -> Result<(), Error> {
+        if !self.settings.expandable_segments {
+            return Err(Error::InvalidAdoption {
+                reason: "expandable segments are off: there are no ranges to adopt".into(),
+            });
+        }
+        let page = self.page_of(range.pool);
+        let capacity = self.backend.mem_info()?.total;
+        let size = super::expandable::range_size(capacity, page);
+        let covered = self
+            .check_range_adoption(&range, size, page)
+            .map_err(|reason| Error::InvalidAdoption { reason })?;
+        let recorded = self.record_pending(range.stream, &range.blocks)?;
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        let mut at = range.address;
+        for b in &range.blocks {
+            if b.state != AdoptedState::Unmapped {
+                match runs.last_mut() {
+                    Some(last) if last.0 + last.1 == at => last.1 += b.size,
+                    _ => runs.push((at, b.size)),
+                }
+            }
+            at += b.size;
+        }
+        // Rule 18f: the device is told.
+        if let Err(err) = self.backend.adopt_range(range.address, size, page, &runs) {
+            self.forget_events(&recorded);
             return Err(Error::Backend(err));
         }
-        self.install(&segment, &recorded);
+        self.install_range(&range, size, page, covered, &runs, &recorded);
         Ok(())
+    }
+
+    /// Rule 18f: links the validated range in (as rule 19b's reservation would have, then the
+    /// layout as rule 18c) and raises the statistics (rule 18d, as rule 19 counts).
+    fn install_range(
+        &mut self,
+        range: &AdoptedRange,
+        size: u64,
+        page: u64,
+        covered: u64,
+        runs: &[(u64, u64)],
+        recorded: &[(usize, StreamId, EventId)],
+    ) {
+        let (pool, stream, base) = (range.pool, range.stream, range.address);
+        let p = pool.index();
+        let max_split = self.settings.max_split_size;
+        let gc_base = self.searches[p];
+        self.ranges.insert(base, crate::block::Range { size, page });
+        self.add_range_pages(base, page);
+        for &(a, n) in runs {
+            self.pages_mapped(base, a, n);
+        }
+        let mut layout: Vec<(u64, AdoptedState)> = range
+            .blocks
+            .iter()
+            .map(|b| (b.size, b.state.clone()))
+            .collect();
+        if covered < size {
+            layout.push((size - covered, AdoptedState::Unmapped));
+        }
+        let mut ids: Vec<BlockId> = Vec::with_capacity(layout.len());
+        let mut address = base;
+        let mut mapped: u64 = 0;
+        for (i, (block_size, adopted)) in layout.iter().enumerate() {
+            let block_size = *block_size;
+            let (state, requested, event_count, backing) = match adopted {
+                AdoptedState::Free => (BlockPhase::Free, 0, 0, Backing::Mapped),
+                AdoptedState::Unmapped => (BlockPhase::Free, 0, 0, Backing::Unmapped),
+                AdoptedState::Allocated { requested } => {
+                    (BlockPhase::Allocated, *requested, 0, Backing::Mapped)
+                }
+                AdoptedState::Pending { requested, .. } => (
+                    BlockPhase::Pending,
+                    *requested,
+                    recorded.iter().filter(|r| r.0 == i).count() as u32,
+                    Backing::Mapped,
+                ),
+            };
+            let id = self.blocks.insert(Block {
+                requested,
+                prev: ids.last().copied(),
+                state,
+                event_count,
+                backing,
+                ..Block::free(address, block_size, stream, pool, gc_base, Some(base))
+            });
+            if let Some(&prev) = ids.last() {
+                self.blocks.get_mut(prev).next = Some(id);
+            }
+            ids.push(id);
+            let s = &mut self.stats;
+            match (state, backing) {
+                (BlockPhase::Free, Backing::Unmapped) => {
+                    self.unmapped[p].insert((stream, address, id));
+                }
+                (BlockPhase::Free, _) => {
+                    mapped += block_size;
+                    self.free_insert(p, (stream, block_size, address, id));
+                }
+                (BlockPhase::Allocated, _) => {
+                    mapped += block_size;
+                    self.live.insert(address, id);
+                    s.allocation.increase(pool, 1);
+                    s.allocated_bytes.increase(pool, block_size);
+                    if block_size >= max_split {
+                        s.oversize_allocations.increase(1);
+                    }
+                }
+                (_, _) => mapped += block_size,
+            }
+            if state != BlockPhase::Free {
+                // Rule 22b: the pages under a block in use are busy.
+                self.track_busy(Some(base), address, block_size, 1);
+                let s = &mut self.stats;
+                s.active.increase(pool, 1);
+                s.active_bytes.increase(pool, block_size);
+                s.requested_bytes.increase(pool, requested);
+            }
+            address += block_size;
+            self.requested_high_water = self
+                .requested_high_water
+                .max(self.stats.requested_bytes.all.current.max(0) as u64);
+        }
+        for &(i, stream, event) in recorded {
+            self.events
+                .entry(stream)
+                .or_default()
+                .push_back((event, ids[i]));
+        }
+        self.reserved += mapped;
+        self.stats.reserved_bytes.increase(pool, mapped);
+    }
+
+    /// Rule 18f's checks, in order, for a range of `size` bytes of `page`-byte pages: the
+    /// reason of the first that fails, else the bytes the blocks cover.
+    fn check_range_adoption(
+        &self,
+        range: &AdoptedRange,
+        size: u64,
+        page: u64,
+    ) -> Result<u64, String> {
+        let (address, pool) = (range.address, range.pool);
+        if address == 0 {
+            return Err("the range's address is 0".into());
+        }
+        if !address.is_multiple_of(SMALL_BUFFER) {
+            return Err(format!(
+                "the address {address:#x} is not a multiple of 2 MiB"
+            ));
+        }
+        let Some(end) = address.checked_add(size) else {
+            return Err(format!(
+                "{address:#x} + {size} bytes (the range) overflows the address space"
+            ));
+        };
+        if range.blocks.is_empty() {
+            return Err("the range has no blocks".into());
+        }
+        if range
+            .blocks
+            .iter()
+            .all(|b| b.state == AdoptedState::Unmapped)
+        {
+            return Err("nothing in the range is mapped".into());
+        }
+        if let Some(i) = range
+            .blocks
+            .iter()
+            .position(|b| b.size == 0 || !b.size.is_multiple_of(MIN_BLOCK_SIZE))
+        {
+            return Err(format!(
+                "block {i} has size {}, not a nonzero multiple of 512",
+                range.blocks[i].size
+            ));
+        }
+        let covered = range
+            .blocks
+            .iter()
+            .try_fold(0u64, |sum, b| sum.checked_add(b.size))
+            .filter(|&c| c <= size)
+            .ok_or_else(|| format!("the blocks cover more than the range's {size} bytes"))?;
+        let mut at: u64 = 0;
+        for (i, b) in range.blocks.iter().enumerate() {
+            if b.state == AdoptedState::Unmapped
+                && (!at.is_multiple_of(page) || !b.size.is_multiple_of(page))
+            {
+                return Err(format!(
+                    "unmapped block {i} (+{at}, {} bytes) is not whole {page}-byte pages",
+                    b.size
+                ));
+            }
+            at += b.size;
+        }
+        if !covered.is_multiple_of(page) {
+            return Err(format!(
+                "the blocks cover {covered} bytes, not whole {page}-byte pages"
+            ));
+        }
+        let unmapped_last = range.blocks.last().map(|b| &b.state) == Some(&AdoptedState::Unmapped);
+        if let Some(i) = range.blocks.windows(2).position(|w| {
+            w[0].state == AdoptedState::Unmapped && w[1].state == AdoptedState::Unmapped
+        }) {
+            return Err(format!(
+                "blocks {i} and {} are adjacent unmapped blocks",
+                i + 1
+            ));
+        }
+        if unmapped_last && covered < size {
+            return Err("the last block is unmapped, next to the range's unmapped rest".into());
+        }
+        if let Some(i) = range
+            .blocks
+            .windows(2)
+            .position(|w| w[0].state == AdoptedState::Free && w[1].state == AdoptedState::Free)
+        {
+            return Err(format!(
+                "blocks {i} and {} are adjacent free blocks (they would have been merged)",
+                i + 1
+            ));
+        }
+        for (i, b) in range.blocks.iter().enumerate() {
+            let requested = match &b.state {
+                AdoptedState::Free | AdoptedState::Unmapped => continue,
+                AdoptedState::Allocated { requested } => *requested,
+                AdoptedState::Pending { requested, .. } => *requested,
+            };
+            match pool {
+                Pool::Small if b.size > SMALL_SIZE => {
+                    return Err(format!(
+                        "block {i} of a small-pool range is in use with {} bytes (at most 1 MiB)",
+                        b.size
+                    ));
+                }
+                Pool::Large if b.size <= SMALL_SIZE => {
+                    return Err(format!(
+                        "block {i} of a large-pool range is in use with {} bytes (more than 1 MiB needed)",
+                        b.size
+                    ));
+                }
+                _ => {}
+            }
+            if let AdoptedState::Pending { streams, .. } = &b.state
+                && !streams.iter().any(|&s| s != range.stream)
+            {
+                return Err(format!(
+                    "pending block {i} waits for no stream other than the range's"
+                ));
+            }
+            if requested == 0 || requested > b.size {
+                return Err(format!(
+                    "block {i}: {requested} bytes requested of a {}-byte block",
+                    b.size
+                ));
+            }
+        }
+        if let Some((_, held)) = self
+            .blocks
+            .iter()
+            .find(|(_, b)| b.address < end && address < b.address + b.size)
+        {
+            return Err(format!(
+                "{address:#x} (+{size}) overlaps memory held (its block at {:#x})",
+                held.address
+            ));
+        }
+        if let Some(v) = &self.views
+            && let Some(view) = v.views.values().find(|view| {
+                let bytes = view.homes.len() as u64 * v.page;
+                view.address < end && address < view.address + bytes
+            })
+        {
+            return Err(format!(
+                "{address:#x} (+{size}) overlaps a stitched view held at {:#x}",
+                view.address
+            ));
+        }
+        Ok(covered)
     }
 
     /// Rule 18c, d: links the validated layout in and raises the statistics.
@@ -118,7 +438,8 @@ impl<B: Backend> CachingCore<B> {
         let mut address = segment.address;
         for (i, adopted) in segment.blocks.iter().enumerate() {
             let (state, requested, event_count) = match &adopted.state {
-                AdoptedState::Free => (BlockPhase::Free, 0, 0),
+                // Refused by rule 18e before this point.
+                AdoptedState::Free | AdoptedState::Unmapped => (BlockPhase::Free, 0, 0),
                 AdoptedState::Allocated { requested } => (BlockPhase::Allocated, *requested, 0),
                 AdoptedState::Pending { requested, .. } => (
                     BlockPhase::Pending,
@@ -230,6 +551,12 @@ impl<B: Backend> CachingCore<B> {
         }
         let mut tiled: u64 = 0;
         for (i, b) in segment.blocks.iter().enumerate() {
+            // Rule 18e: unmapped address space belongs to ranges only.
+            if b.state == AdoptedState::Unmapped {
+                return Err(format!(
+                    "block {i} is unmapped, and only a range has unmapped blocks"
+                ));
+            }
             if b.size == 0 || !b.size.is_multiple_of(MIN_BLOCK_SIZE) {
                 return Err(format!(
                     "block {i} has size {}, not a nonzero multiple of 512",
@@ -272,7 +599,7 @@ impl<B: Backend> CachingCore<B> {
         }
         for (i, b) in segment.blocks.iter().enumerate() {
             let requested = match &b.state {
-                AdoptedState::Free => continue,
+                AdoptedState::Free | AdoptedState::Unmapped => continue,
                 AdoptedState::Allocated { requested } => *requested,
                 AdoptedState::Pending { requested, streams } => {
                     if !streams.iter().any(|&s| s != segment.stream) {

@@ -3,8 +3,8 @@
 
 use cachalot::sizes::Pool;
 use cachalot::{
-    AdoptedBlock, AdoptedSegment, AdoptedState, BackendError, BlockPhase, CachingCore, Error,
-    Faults, SegmentInfo, Settings, SimDevice, StreamId,
+    AdoptedBlock, AdoptedRange, AdoptedSegment, AdoptedState, BackendError, BlockPhase,
+    CachingCore, Error, Faults, SegmentInfo, Settings, SimDevice, StreamId,
 };
 
 use super::{
@@ -64,6 +64,52 @@ impl Knobs {
     }
 }
 
+/// The blocks of an adoption as the allocator takes them.
+fn allocator_blocks(a: &Adoption) -> Vec<AdoptedBlock> {
+    a.blocks
+        .iter()
+        .map(|b| AdoptedBlock {
+            size: b.size,
+            state: match &b.state {
+                AdoptionState::Free => AdoptedState::Free,
+                AdoptionState::Unmapped => AdoptedState::Unmapped,
+                AdoptionState::Allocated { requested } => AdoptedState::Allocated {
+                    requested: *requested,
+                },
+                AdoptionState::Pending { requested, streams } => AdoptedState::Pending {
+                    requested: *requested,
+                    streams: streams.iter().map(|&s| StreamId(s)).collect(),
+                },
+            },
+        })
+        .collect()
+}
+
+/// A range to adopt as the allocator takes it (rule 18f).
+pub fn to_allocator_range(a: &Adoption) -> AdoptedRange {
+    AdoptedRange {
+        address: a.address,
+        stream: StreamId(a.stream),
+        pool: if a.small { Pool::Small } else { Pool::Large },
+        blocks: allocator_blocks(a),
+    }
+}
+
+/// The allocator's range to adopt in plain numbers (what a replay program asks for).
+pub fn adoption_from_allocator_range(r: &AdoptedRange) -> Adoption {
+    Adoption {
+        range: true,
+        size: 0,
+        ..adoption_from_allocator(&AdoptedSegment {
+            address: r.address,
+            size: 0,
+            stream: r.stream,
+            pool: r.pool,
+            blocks: r.blocks.clone(),
+        })
+    }
+}
+
 /// A segment to adopt as the allocator takes it.
 pub fn to_allocator(a: &Adoption) -> AdoptedSegment {
     AdoptedSegment {
@@ -78,6 +124,7 @@ pub fn to_allocator(a: &Adoption) -> AdoptedSegment {
                 size: b.size,
                 state: match &b.state {
                     AdoptionState::Free => AdoptedState::Free,
+                    AdoptionState::Unmapped => AdoptedState::Unmapped,
                     AdoptionState::Allocated { requested } => AdoptedState::Allocated {
                         requested: *requested,
                     },
@@ -105,6 +152,7 @@ pub fn adoption_from_allocator(s: &AdoptedSegment) -> Adoption {
                 size: b.size,
                 state: match &b.state {
                     AdoptedState::Free => AdoptionState::Free,
+                    AdoptedState::Unmapped => AdoptionState::Unmapped,
                     AdoptedState::Allocated { requested } => AdoptionState::Allocated {
                         requested: *requested,
                     },
@@ -115,6 +163,7 @@ pub fn adoption_from_allocator(s: &AdoptedSegment) -> Adoption {
                 },
             })
             .collect(),
+        range: false,
     }
 }
 
@@ -287,6 +336,9 @@ impl Side for CoreSide {
             Call::FailDeviceAllocs { n } => {
                 c.backend_mut().fail_next_allocs(n);
                 Outcome::Ok(0)
+            }
+            Call::Adopt { ref segment } if segment.range => {
+                outcome(c.adopt_range(to_allocator_range(segment)), |()| 0)
             }
             Call::Adopt { ref segment } => outcome(c.adopt_segment(to_allocator(segment)), |()| 0),
             Call::SetNextAddress { address } => {

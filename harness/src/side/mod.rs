@@ -11,7 +11,7 @@ mod core;
 mod model;
 mod threads;
 
-pub use self::core::{CoreSide, FaultKind, adoption_from_allocator};
+pub use self::core::{CoreSide, FaultKind, adoption_from_allocator, adoption_from_allocator_range};
 pub use self::model::{ModelSide, model_config};
 pub use self::threads::ThreadedSide;
 
@@ -68,7 +68,8 @@ pub enum Call {
         /// How many.
         n: u32,
     },
-    /// Adopt a segment the device already holds (rule 18).
+    /// Adopt a segment the device already holds (rule 18), or a range of expandable
+    /// segments (rule 18f) when the adoption says so.
     Adopt {
         /// The segment.
         segment: Adoption,
@@ -131,7 +132,7 @@ pub enum Outcome {
 pub struct Adoption {
     /// The segment's address.
     pub address: u64,
-    /// The segment's size.
+    /// The segment's size (for a range: unused, the range's size is rule 19's).
     pub size: u64,
     /// The segment's stream.
     pub stream: u64,
@@ -139,6 +140,9 @@ pub struct Adoption {
     pub small: bool,
     /// The blocks in address order.
     pub blocks: Vec<AdoptionBlock>,
+    /// A range of expandable segments (rule 18f: the blocks cover its first bytes, the rest
+    /// is unmapped), not a segment (rule 18).
+    pub range: bool,
 }
 
 /// One block of an [`Adoption`].
@@ -167,6 +171,8 @@ pub enum AdoptionState {
         /// The streams it waits for.
         streams: Vec<u64>,
     },
+    /// Address space of a range with nothing mapped (rule 18f).
+    Unmapped,
 }
 
 impl Adoption {

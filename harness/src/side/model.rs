@@ -27,6 +27,17 @@ pub fn model_config(knobs: &Knobs) -> ModelConfig {
     c
 }
 
+/// A range to adopt as the model takes it (rule 18f).
+fn to_model_range(a: &Adoption) -> cachalot_model::AdoptedRange {
+    let segment = to_model(a);
+    cachalot_model::AdoptedRange {
+        address: segment.address,
+        stream: segment.stream,
+        small: segment.small,
+        blocks: segment.blocks,
+    }
+}
+
 /// A segment to adopt as the model takes it.
 fn to_model(a: &Adoption) -> cachalot_model::AdoptedSegment {
     cachalot_model::AdoptedSegment {
@@ -41,6 +52,7 @@ fn to_model(a: &Adoption) -> cachalot_model::AdoptedSegment {
                 size: b.size,
                 state: match &b.state {
                     AdoptionState::Free => cachalot_model::AdoptedState::Free,
+                    AdoptionState::Unmapped => cachalot_model::AdoptedState::Unmapped,
                     AdoptionState::Allocated { requested } => {
                         cachalot_model::AdoptedState::Allocated {
                             requested: *requested,
@@ -158,6 +170,9 @@ impl Side for ModelSide {
             Call::FailDeviceAllocs { n } => {
                 m.fail_next_device_allocs(n);
                 Outcome::Ok(0)
+            }
+            Call::Adopt { ref segment } if segment.range => {
+                outcome(m.adopt_range(to_model_range(segment)), |()| 0)
             }
             Call::Adopt { ref segment } => outcome(m.adopt_segment(to_model(segment)), |()| 0),
             Call::SetNextAddress { address } => {

@@ -15,6 +15,7 @@ use cachalot::{Allocator, SimDevice, StreamId};
 
 use super::core::{
     device, disjoint_bytes_under_live_allocations, layout, outcome, settings, to_allocator,
+    to_allocator_range,
 };
 use super::{Call, Observation, Outcome, Side, flatten_stats};
 use crate::op::THREADS;
@@ -150,6 +151,9 @@ impl Side for ThreadedSide {
             Call::FailDeviceAllocs { n } => {
                 self.alloc.with_backend(|d| d.fail_next_allocs(n));
                 Outcome::Ok(0)
+            }
+            Call::Adopt { ref segment } if segment.range => {
+                outcome(self.alloc.adopt_range(to_allocator_range(segment)), |()| 0)
             }
             Call::Adopt { ref segment } => {
                 outcome(self.alloc.adopt_segment(to_allocator(segment)), |()| 0)

@@ -285,6 +285,74 @@ impl Device {
         }
     }
 
+    /// Rule 18f: a reservation of `size` bytes at `base`, cut into slots of `page` bytes,
+    /// already exists, with a new page mapped at every slot of the `mapped` runs
+    /// (`(address, bytes)`); the pages count against capacity. Refused (nothing changes) as
+    /// unusable when the range is empty, overflows or overlaps a live allocation or another
+    /// reservation, or a run is not whole slots inside it; else as out-of-memory when the
+    /// mapped bytes do not fit the capacity left. Told failures do not apply.
+    pub(crate) fn adopt_range(
+        &mut self,
+        base: u64,
+        size: u64,
+        page: u64,
+        mapped: &[(u64, u64)],
+    ) -> Result<(), super::AdoptRefusal> {
+        use super::AdoptRefusal;
+        if size == 0
+            || page == 0
+            || base == 0
+            || base.checked_add(size).is_none()
+            || !self.is_unused(base, size)
+        {
+            return Err(AdoptRefusal::Unusable);
+        }
+        let mut reservation = Reservation {
+            base,
+            size,
+            page,
+            slots: BTreeMap::new(),
+        };
+        let mut total: u128 = 0;
+        for &(address, bytes) in mapped {
+            let whole = address >= base
+                && (address - base).is_multiple_of(page)
+                && bytes.is_multiple_of(page)
+                && reservation.contains(address, bytes);
+            if !whole {
+                return Err(AdoptRefusal::Unusable);
+            }
+            total += u128::from(bytes);
+        }
+        if total > u128::from(self.capacity - self.used()) {
+            return Err(AdoptRefusal::OutOfMemory);
+        }
+        for &(address, bytes) in mapped {
+            for slot in reservation.slots_of(address, bytes) {
+                if reservation.slots.contains_key(&slot) {
+                    return Err(AdoptRefusal::Unusable);
+                }
+                reservation.slots.insert(slot, u64::MAX);
+            }
+        }
+        // Pages are numbered in address order, as the model numbers a map step's.
+        let slots: Vec<u64> = reservation.slots.keys().copied().collect();
+        for slot in slots {
+            let number = self.next_page;
+            self.next_page += 1;
+            self.pages.insert(
+                number,
+                DevicePage {
+                    bytes: page,
+                    mappings: vec![slot],
+                },
+            );
+            reservation.slots.insert(slot, number);
+        }
+        self.reservations.push(reservation);
+        Ok(())
+    }
+
     /// Gives back the reservation at `base`, nothing of which is mapped.
     ///
     /// # Panics
