@@ -18,6 +18,7 @@ pub fn model(f: impl Fn() + Sync + Send + 'static) {
 
 /// PyTorch's front end (one lock, no thread caches) and cachalot's (thread caches of 1 block,
 /// so that the oldest block leaves the cache in the models too).
+#[allow(dead_code)] // not every model asks
 pub fn settings() -> [Settings; 2] {
     let mut cachalot = Settings::cachalot();
     cachalot.thread_cache_blocks = 1;
@@ -25,6 +26,7 @@ pub fn settings() -> [Settings; 2] {
 }
 
 /// A small device: a few segments.
+#[allow(dead_code)] // not every model asks
 pub fn allocator(settings: &Settings) -> Allocator<SimDevice> {
     Allocator::new(SimDevice::new(64 << 20), settings.clone()).unwrap()
 }
@@ -55,6 +57,17 @@ impl Shadow {
             "{p:#x} not live"
         );
         a.free(p).unwrap();
+    }
+
+    /// The live blocks, `(address, size)`, by address.
+    #[allow(dead_code)] // not every model asks
+    pub fn live(&self) -> Vec<(u64, u64)> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(&p, &s)| (p, s))
+            .collect()
     }
 
     /// Number of live blocks.
