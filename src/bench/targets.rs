@@ -325,7 +325,7 @@ fn default_policy_targets(results: &Results, out: &mut Vec<Target>) {
     above.sort_by(|a, b| b.1.total_cmp(&a.1));
     let n = met + above.len();
     out.push(Target {
-        target: "memory: cachalot's policy ≤ 1.03× the bytes in use on every trace".into(),
+        target: "memory: cachalot's policy ≤ 1.03× the bytes in use, on every trace".into(),
         met: (n > 0).then_some(above.is_empty()),
         detail: if n == 0 {
             "not measured".into()
