@@ -94,10 +94,14 @@ impl Model {
             self.segments[s].blocks[b].in_free_set()
         });
         let mut candidates = Vec::new();
-        // Rule 23f: while stitching is on, only the request's pool (every stream).
+        // Rule 23f: while stitching is on, only the request's pool (every stream; for a
+        // small-pool request, its own stream's ranges).
         let own_pool_only = self.stitching();
         for range in self.segments.iter().filter(|s| s.expandable) {
             if own_pool_only && range.pool != pool {
+                continue;
+            }
+            if own_pool_only && pool == Pool::Small && range.stream != stream {
                 continue;
             }
             let page = self.page_size(range.pool);
@@ -215,6 +219,41 @@ mod tests {
         assert_eq!(st.num_device_free, 1);
         assert_eq!(st.num_device_alloc, 4);
         assert_eq!(st.num_alloc_retries, 0);
+    }
+
+    #[test]
+    fn with_stitching_a_small_pool_request_reclaims_only_its_own_streams_pages() {
+        // Rule 23f: a small-pool request's candidates are its stream's small ranges; a
+        // large-pool request's, the large pool's of every stream.
+        let mut m = model(None);
+        m.config.page_stitching = true;
+        // Stream 0 and stream 1 each hold a small range with one free whole page: a 1 MiB
+        // block at the start, the rest free ([A 1][free 3] MiB of two 2 MiB pages).
+        for stream in [0, 1] {
+            malloc(&mut m, MIB, stream);
+            let t = malloc(&mut m, MIB, stream);
+            let u = malloc(&mut m, MIB, stream);
+            let v = malloc(&mut m, MIB, stream);
+            free(&mut m, t);
+            free(&mut m, u);
+            free(&mut m, v);
+        }
+        m.config.reclaim_headroom = Some(0.0);
+        let small_candidates = |m: &Model, stream: u64| -> Vec<u64> {
+            m.reclaim_candidates(Pool::Small, stream, MIB)
+                .iter()
+                .map(|c| c.address)
+                .collect()
+        };
+        // Stream 2 holds nothing: with stitching, no other stream's small page is its
+        // candidate (streams 0 and 1 would map theirs again next pass).
+        assert!(small_candidates(&m, 2).is_empty());
+        // A large-pool request still takes the large pool's pages of every stream: none here.
+        assert!(m.reclaim_candidates(Pool::Large, 2, 4 * MIB).is_empty());
+        // Without stitching (rule 20 as written), both streams' free small pages are.
+        m.config.page_stitching = false;
+        assert_eq!(small_candidates(&m, 2).len(), 2);
+        assert_eq!(m.reclaim_candidates(Pool::Large, 2, 4 * MIB).len(), 2);
     }
 
     #[test]

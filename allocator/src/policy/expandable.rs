@@ -61,15 +61,17 @@ impl<B: Backend> CachingCore<B> {
             .map(|(id, _)| id)
             .filter(|&id| self.blocks.get(id).mapped());
         let mut listed: Vec<(u64, u64, BlockId)> = Vec::new();
-        // Rule 23f: while stitching is on, only the request's pool (every stream) is reclaimed,
-        // so that pages do not move back and forth between the pools every pass.
+        // Rule 23f: while stitching is on, only the request's pool (every stream; for a
+        // small-pool request, its own stream) is reclaimed, so that pages do not move back and
+        // forth between the pools, or between streams' small pools, every pass.
         let own_pool_only = self.views.is_some();
+        let own_stream_only = own_pool_only && pool == Pool::Small;
         for (p, set) in self.free.iter().enumerate() {
             if own_pool_only && p != pool.index() {
                 continue;
             }
-            for &(_, _, _, id) in set {
-                if Some(id) == start {
+            for &(s, _, _, id) in set {
+                if Some(id) == start || (own_stream_only && s != stream) {
                     continue;
                 }
                 if let Some((first, end)) = self.whole_pages(id) {
