@@ -60,6 +60,14 @@ fn hot(allocator: &str, path: &str, walls: [f64; 4]) -> serde_json::Value {
     })
 }
 
+/// The targets table's line that starts with `start`.
+fn target_line(md: &str, start: &str) -> String {
+    md.lines()
+        .find(|l| l.starts_with(&format!("| {start}")))
+        .unwrap_or_else(|| panic!("no target line starting {start:?} in\n{md}"))
+        .to_string()
+}
+
 fn write_runs(dir: &Path, runs: &[serde_json::Value]) {
     let runs_dir = dir.join("runs");
     std::fs::create_dir_all(&runs_dir).unwrap();
@@ -113,12 +121,7 @@ fn the_report_states_each_target_met_or_missed_with_its_figures() {
         String::from_utf8_lossy(&out.stderr)
     );
     let md = std::fs::read_to_string(dir.join("results.md")).unwrap();
-    let target = |start: &str| {
-        md.lines()
-            .find(|l| l.starts_with(&format!("| {start}")))
-            .unwrap_or_else(|| panic!("no target line starting {start:?} in\n{md}"))
-            .to_string()
-    };
+    let target = |start: &str| target_line(&md, start);
     // 1 thread: 400/80 = 5× and 400/100 = 4×: missed.
     let one = target("hot 1 MiB pair on 1 thread");
     assert!(one.contains("| **no** |"), "{one}");
@@ -263,12 +266,7 @@ fn the_default_policys_targets_compare_it_with_pytorchs_policy_in_the_same_run()
         String::from_utf8_lossy(&out.stderr)
     );
     let md = std::fs::read_to_string(dir.join("results.md")).unwrap();
-    let target = |start: &str| {
-        md.lines()
-            .find(|l| l.starts_with(&format!("| {start}")))
-            .unwrap_or_else(|| panic!("no target line starting {start:?} in\n{md}"))
-            .to_string()
-    };
+    let target = |start: &str| target_line(&md, start);
     let calls = target("driver calls per steady pass");
     assert!(
         calls.contains("| **no** |")

@@ -61,6 +61,29 @@ const NO_PAGE: u32 = u32::MAX;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PageId(pub u64);
 
+/// What [`SimDevice::physical_overlap`] found wrong.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PhysicalOverlap {
+    /// Bytes of one page lie under two live allocations.
+    Shared {
+        /// The page.
+        page: PageId,
+        /// The shared bytes, as offsets within the page: `[start, end)`.
+        bytes: (u64, u64),
+        /// One allocation's address.
+        first: u64,
+        /// The other's.
+        second: u64,
+    },
+    /// A byte of a live allocation that nothing maps.
+    Unmapped {
+        /// The allocation's address.
+        address: u64,
+        /// The byte.
+        at: u64,
+    },
+}
+
 /// One reservation of address space and what is mapped in it.
 #[derive(Debug, Clone)]
 struct Reservation {
@@ -256,6 +279,45 @@ impl SimDevice {
     pub fn slot_at(&self, address: u64) -> Option<(u64, u64)> {
         let (&base, r) = self.reservations.range(..=address).next_back()?;
         (address - base < r.size).then(|| (base + (address - base) / r.page * r.page, r.page))
+    }
+
+    /// Rules 22i and 23i, on this device's page tables: whether the physical bytes under
+    /// `live` (each an allocation's address and bytes, through whatever addresses map its
+    /// pages) are pairwise disjoint, byte for byte — a view's allocation may use the first
+    /// bytes of a page whose others lie under another block. The first overlap found, or the
+    /// first byte of an allocation that nothing maps. For tests and the harness.
+    pub fn physical_overlap(
+        &self,
+        live: impl IntoIterator<Item = (u64, u64)>,
+    ) -> Result<(), PhysicalOverlap> {
+        // (page, first byte, end byte within the page, the allocation's address)
+        let mut pieces: Vec<(PageId, u64, u64, u64)> = Vec::new();
+        for (address, size) in live {
+            let mut at = address;
+            while at < address.saturating_add(size) {
+                let found = self
+                    .slot_at(at)
+                    .and_then(|(slot, page)| Some((slot, page, self.page_at(slot)?)));
+                let Some((slot, page, id)) = found else {
+                    return Err(PhysicalOverlap::Unmapped { address, at });
+                };
+                let end = (address + size).min(slot + page);
+                pieces.push((id, at - slot, end - slot, address));
+                at = end;
+            }
+        }
+        pieces.sort_unstable();
+        for w in pieces.windows(2) {
+            if w[0].0 == w[1].0 && w[0].2 > w[1].1 {
+                return Err(PhysicalOverlap::Shared {
+                    page: w[0].0,
+                    bytes: (w[1].1, w[0].2.min(w[1].2)),
+                    first: w[0].3,
+                    second: w[1].3,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The slots where `page` is mapped, by address (empty for a page that no longer exists).

@@ -381,48 +381,33 @@ pub(super) fn disjoint_bytes_under_live_allocations(
     views: &[(u64, u64, BlockPhase)],
     device: &SimDevice,
 ) -> Result<(), String> {
-    // (page, first byte, end byte, the allocation's address)
-    let mut pieces: Vec<(cachalot::PageId, u64, u64, u64)> = Vec::new();
-    let mut add = |address: u64, size: u64| -> Result<(), String> {
-        let mut at = address;
-        while at < address + size {
-            let found = device
-                .slot_at(at)
-                .and_then(|(slot, page)| Some((slot, page, device.page_at(slot)?)));
-            let Some((slot, page, id)) = found else {
-                return Err(format!(
-                    "rules 22i, 23i: live allocation {address:#x} has nothing mapped at {at:#x}"
-                ));
-            };
-            let end = (address + size).min(slot + page);
-            pieces.push((id, at - slot, end - slot, address));
-            at = end;
-        }
-        Ok(())
-    };
+    let mut live: Vec<(u64, u64)> = Vec::new();
     for s in segments.iter().filter(|s| s.expandable) {
-        for b in s
-            .blocks
-            .iter()
-            .filter(|b| matches!(b.state, BlockPhase::Allocated | BlockPhase::Pending))
-        {
-            add(b.address, b.size)?;
-        }
+        live.extend(
+            s.blocks
+                .iter()
+                .filter(|b| matches!(b.state, BlockPhase::Allocated | BlockPhase::Pending))
+                .map(|b| (b.address, b.size)),
+        );
     }
-    for &(address, size, _) in views {
-        add(address, size)?;
-    }
-    pieces.sort_unstable();
-    for w in pieces.windows(2) {
-        if w[0].0 == w[1].0 && w[0].2 > w[1].1 {
+    live.extend(views.iter().map(|&(address, size, _)| (address, size)));
+    match device.physical_overlap(live) {
+        Ok(()) => {}
+        Err(cachalot::PhysicalOverlap::Unmapped { address, at }) => {
             return Err(format!(
-                "rules 22i, 23i: bytes [{:#x}, {:#x}) of page {:?} lie under live allocations \
-                 {:#x} and {:#x} (device page table)",
-                w[1].1,
-                w[0].2.min(w[1].2),
-                w[0].0,
-                w[0].3,
-                w[1].3
+                "rules 22i, 23i: live allocation {address:#x} has nothing mapped at {at:#x}"
+            ));
+        }
+        Err(cachalot::PhysicalOverlap::Shared {
+            page,
+            bytes,
+            first,
+            second,
+        }) => {
+            return Err(format!(
+                "rules 22i, 23i: bytes [{:#x}, {:#x}) of page {page:?} lie under live allocations \
+                 {first:#x} and {second:#x} (device page table)",
+                bytes.0, bytes.1
             ));
         }
     }

@@ -123,27 +123,7 @@ fn check_device(
             }
         }
     }
-    let mut pieces = Vec::new();
-    for (address, size) in live {
-        let mut at = address;
-        while at < address + size {
-            let (slot, page) = d.slot_at(at).expect("a live byte lies in a reservation");
-            let id = d.page_at(slot).expect("a live byte is mapped");
-            let end = (address + size).min(slot + page);
-            pieces.push((id, at - slot, end - slot, address));
-            at = end;
-        }
-    }
-    pieces.sort_unstable();
-    for w in pieces.windows(2) {
-        assert!(
-            w[0].0 != w[1].0 || w[0].2 <= w[1].1,
-            "bytes of page {:?} under {:#x} and {:#x}",
-            w[0].0,
-            w[0].3,
-            w[1].3
-        );
-    }
+    assert_eq!(d.physical_overlap(live), Ok(()));
 }
 
 /// The blocks of the range's first mapped run, as `(offset from BASE in 512 B units…)`:
