@@ -514,27 +514,7 @@ pub fn build_range(raw: &AdoptRaw) -> AdoptSpec {
                 break;
             }
             let size = units * UNIT;
-            let requested = if state == 0 {
-                0
-            } else if r_req.is_multiple_of(3) {
-                size
-            } else {
-                1 + u64::from(r_req) % size
-            };
-            let mut streams: Vec<u8> = if state == 2 {
-                (0..STREAMS).filter(|&s| mask & (1 << s) != 0).collect()
-            } else {
-                Vec::new()
-            };
-            if state == 2 && streams.iter().all(|&s| s == stream) {
-                streams.push((stream + 1) % STREAMS);
-            }
-            blocks.push(AdoptBlockSpec {
-                size,
-                state,
-                requested,
-                streams,
-            });
+            blocks.push(block_spec(size, state, r_req, mask, stream));
             rem -= units;
             i += 1;
         }
@@ -676,6 +656,33 @@ pub struct AdoptRaw {
     pub flaw: u8,
 }
 
+/// One block of a built layout from its raw draws: free (`state` 0), allocated (1) or
+/// pending (2) with a requested size of 1..=`size` (the whole block one time in three) and,
+/// when pending, the streams `mask` names plus one other than `stream` if it names none.
+fn block_spec(size: u64, state: u8, r_req: u32, mask: u8, stream: u8) -> AdoptBlockSpec {
+    let requested = if state == 0 {
+        0
+    } else if r_req.is_multiple_of(3) {
+        size
+    } else {
+        1 + u64::from(r_req) % size
+    };
+    let mut streams: Vec<u8> = if state == 2 {
+        (0..STREAMS).filter(|&s| mask & (1 << s) != 0).collect()
+    } else {
+        Vec::new()
+    };
+    if state == 2 && streams.iter().all(|&s| s == stream) {
+        streams.push((stream + 1) % STREAMS);
+    }
+    AdoptBlockSpec {
+        size,
+        state,
+        requested,
+        streams,
+    }
+}
+
 /// Builds a layout from raw numbers: a valid tiling with free, allocated and pending blocks
 /// on the harness's streams, then (for `flaw` below 12) one thing that makes it invalid.
 pub fn build_adopt(raw: &AdoptRaw) -> AdoptSpec {
@@ -716,27 +723,7 @@ pub fn build_adopt(raw: &AdoptRaw) -> AdoptSpec {
         if state == 0 && blocks.last().is_some_and(|b| b.state == 0) {
             state = 1;
         }
-        let requested = if state == 0 {
-            0
-        } else if r_req.is_multiple_of(3) {
-            size
-        } else {
-            1 + u64::from(r_req) % size
-        };
-        let mut streams: Vec<u8> = if state == 2 {
-            (0..STREAMS).filter(|&s| mask & (1 << s) != 0).collect()
-        } else {
-            Vec::new()
-        };
-        if state == 2 && streams.iter().all(|&s| s == stream) {
-            streams.push((stream + 1) % STREAMS);
-        }
-        blocks.push(AdoptBlockSpec {
-            size,
-            state,
-            requested,
-            streams,
-        });
+        blocks.push(block_spec(size, state, r_req, mask, stream));
         rem -= units;
         i += 1;
     }

@@ -247,17 +247,22 @@ impl Model {
                 ));
             }
         }
+        self.address_space_free(address, size, "the segment")
+    }
+
+    /// Rules 18a and 23a: `[address, address + size)` overlaps no segment or range held
+    /// (`what` names it in the error) and no stitched view's reservation, free or in use.
+    fn address_space_free(&self, address: u64, size: u64, what: &str) -> Result<(), String> {
         if let Some(held) = self
             .segments
             .iter()
             .find(|s| overlaps(address, size, s.address, s.size))
         {
             return Err(format!(
-                "{address:#x} (+{size}) overlaps the segment held at {:#x} (+{})",
+                "{address:#x} (+{size}) overlaps {what} held at {:#x} (+{})",
                 held.address, held.size
             ));
         }
-        // Rule 23a: a view's reservation, free or in use, is address space held too.
         let page = self.config.expandable_page;
         if let Some(view) = self
             .views
@@ -493,28 +498,7 @@ impl Model {
                 ));
             }
         }
-        if let Some(held) = self
-            .segments
-            .iter()
-            .find(|s| overlaps(address, size, s.address, s.size))
-        {
-            return Err(format!(
-                "{address:#x} (+{size}) overlaps the segment or range held at {:#x} (+{})",
-                held.address, held.size
-            ));
-        }
-        let view_page = self.config.expandable_page;
-        if let Some(view) = self
-            .views
-            .iter()
-            .find(|v| overlaps(address, size, v.address, v.homes.len() as u64 * view_page))
-        {
-            return Err(format!(
-                "{address:#x} (+{size}) overlaps the stitched view at {:#x}",
-                view.address
-            ));
-        }
-        Ok(())
+        self.address_space_free(address, size, "the segment or range")
     }
 
     /// The next successful device allocation takes `address` when it is usable (nonzero, a

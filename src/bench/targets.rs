@@ -249,18 +249,14 @@ fn default_policy_targets(results: &Results, out: &mut Vec<Target>) {
                  PyTorch's policy on every trace"
             .into(),
         met: (n > 0).then_some(misses.is_empty()),
-        detail: if n == 0 {
-            "not measured".into()
-        } else {
-            let mut d = format!("met on {met} of {n}");
-            if later_n > 0 {
-                let _ = write!(d, " (from pass 3 on: {met_later} of {later_n})");
-            }
-            if !misses.is_empty() {
-                let _ = write!(d, "; more calls: {}", misses.join(", "));
-            }
-            d
-        },
+        detail: tally(
+            met,
+            n,
+            (met_later, later_n),
+            "from pass 3 on",
+            "more calls",
+            &misses,
+        ),
     });
     // Steady ns/op within 1.2×.
     let mut met = 0;
@@ -289,25 +285,20 @@ fn default_policy_targets(results: &Results, out: &mut Vec<Target>) {
     }
     misses.sort_by(|a, b| b.1.total_cmp(&a.1));
     let n = met + misses.len();
+    let misses: Vec<String> = misses.iter().map(|(t, x)| format!("{t} {x:.2}×")).collect();
     out.push(Target {
         target: "steady ns/op: cachalot's policy within 1.2× of cachalot, PyTorch's policy on \
                  every trace"
             .into(),
         met: (n > 0).then_some(misses.is_empty()),
-        detail: if n == 0 {
-            "not measured".into()
-        } else {
-            let mut d = format!("met on {met} of {n}");
-            if later_n > 0 {
-                let _ = write!(d, " (passes 3 on: {met_later} of {later_n})");
-            }
-            if !misses.is_empty() {
-                let list: Vec<String> =
-                    misses.iter().map(|(t, x)| format!("{t} {x:.2}×")).collect();
-                let _ = write!(d, "; slower: {}", list.join(", "));
-            }
-            d
-        },
+        detail: tally(
+            met,
+            n,
+            (met_later, later_n),
+            "passes 3 on",
+            "slower",
+            &misses,
+        ),
     });
     // Memory within 1.03× of the bytes in use.
     let mut met = 0;
@@ -324,18 +315,33 @@ fn default_policy_targets(results: &Results, out: &mut Vec<Target>) {
     }
     above.sort_by(|a, b| b.1.total_cmp(&a.1));
     let n = met + above.len();
+    let above: Vec<String> = above.iter().map(|(t, x)| format!("{t} {x:.3}")).collect();
     out.push(Target {
         target: "memory: cachalot's policy ≤ 1.03× the bytes in use, on every trace".into(),
         met: (n > 0).then_some(above.is_empty()),
-        detail: if n == 0 {
-            "not measured".into()
-        } else {
-            let mut d = format!("met on {met} of {n}");
-            if !above.is_empty() {
-                let list: Vec<String> = above.iter().map(|(t, x)| format!("{t} {x:.3}")).collect();
-                let _ = write!(d, "; above: {}", list.join(", "));
-            }
-            d
-        },
+        detail: tally(met, n, (0, 0), "", "above", &above),
     });
+}
+
+/// A target's figures: "met on M of N", then the count from pass 3 (`later`: met, measured;
+/// left out when none was measured), then the cases that missed; "not measured" without cases.
+fn tally(
+    met: usize,
+    n: usize,
+    later: (usize, usize),
+    later_label: &str,
+    misses_label: &str,
+    misses: &[String],
+) -> String {
+    if n == 0 {
+        return "not measured".into();
+    }
+    let mut d = format!("met on {met} of {n}");
+    if later.1 > 0 {
+        let _ = write!(d, " ({later_label}: {} of {})", later.0, later.1);
+    }
+    if !misses.is_empty() {
+        let _ = write!(d, "; {misses_label}: {}", misses.join(", "));
+    }
+    d
 }

@@ -263,6 +263,25 @@ impl SimDevice {
             .map(|(&a, r)| (a, r.size, r.mapped * r.page))
     }
 
+    /// A new physical page of `size` bytes, first mapped at `slot` (a vacant id reused first).
+    fn create_page(&mut self, size: u64, slot: u64) -> u32 {
+        let created = Page {
+            size,
+            first: Some(slot),
+            more: Vec::new(),
+        };
+        match self.vacant.pop() {
+            Some(id) => {
+                self.pages[id as usize] = Some(created);
+                id
+            }
+            None => {
+                self.pages.push(Some(created));
+                (self.pages.len() - 1) as u32
+            }
+        }
+    }
+
     /// The page mapped at `address` (any address inside a mapped slot of a reservation), or
     /// `None` where nothing is mapped (rule 22h's page table, for tests and the harness).
     pub fn page_at(&self, address: u64) -> Option<PageId> {
@@ -586,21 +605,7 @@ impl Backend for SimDevice {
         };
         for &(a, n) in mapped {
             for slot in (a..a + n).step_by(page as usize) {
-                let created = Page {
-                    size: page,
-                    first: Some(slot),
-                    more: Vec::new(),
-                };
-                let id = match self.vacant.pop() {
-                    Some(id) => {
-                        self.pages[id as usize] = Some(created);
-                        id
-                    }
-                    None => {
-                        self.pages.push(Some(created));
-                        (self.pages.len() - 1) as u32
-                    }
-                };
+                let id = self.create_page(page, slot);
                 r.set(((slot - address) / page) as usize, id);
             }
             r.mapped += n / page;
@@ -669,23 +674,12 @@ impl Backend for SimDevice {
         if take(&mut self.faults.alloc_oom) || self.used.saturating_add(size) > self.capacity {
             return Err(BackendError::OutOfMemory);
         }
+        let created: Vec<(u64, u32)> = (address..address + size)
+            .step_by(page as usize)
+            .map(|slot| (slot, self.create_page(page, slot)))
+            .collect();
         let r = self.reservations.get_mut(&base).expect("found above");
-        for slot in (address..address + size).step_by(page as usize) {
-            let created = Page {
-                size: page,
-                first: Some(slot),
-                more: Vec::new(),
-            };
-            let id = match self.vacant.pop() {
-                Some(id) => {
-                    self.pages[id as usize] = Some(created);
-                    id
-                }
-                None => {
-                    self.pages.push(Some(created));
-                    (self.pages.len() - 1) as u32
-                }
-            };
+        for (slot, id) in created {
             r.set(((slot - base) / page) as usize, id);
         }
         r.mapped += size / page;

@@ -403,27 +403,7 @@ impl<B: Backend> CachingCore<B> {
                 ));
             }
         }
-        if let Some((_, held)) = self
-            .blocks
-            .iter()
-            .find(|(_, b)| b.address < end && address < b.address + b.size)
-        {
-            return Err(format!(
-                "{address:#x} (+{size}) overlaps memory held (its block at {:#x})",
-                held.address
-            ));
-        }
-        if let Some(v) = &self.views
-            && let Some(view) = v.views.values().find(|view| {
-                let bytes = view.homes.len() as u64 * v.page;
-                view.address < end && address < view.address + bytes
-            })
-        {
-            return Err(format!(
-                "{address:#x} (+{size}) overlaps a stitched view held at {:#x}",
-                view.address
-            ));
-        }
+        self.check_unheld(address, end, "memory held")?;
         Ok(covered)
     }
 
@@ -617,17 +597,23 @@ impl<B: Backend> CachingCore<B> {
                 ));
             }
         }
+        self.check_unheld(address, end, "a segment held")
+    }
+
+    /// Rules 18a and 23a: `[address, end)` overlaps no block the allocator holds (`what`
+    /// names them in the error) and no stitched view's reservation, free or in use.
+    fn check_unheld(&self, address: u64, end: u64, what: &str) -> Result<(), String> {
+        let size = end - address;
         if let Some((_, held)) = self
             .blocks
             .iter()
             .find(|(_, b)| b.address < end && address < b.address + b.size)
         {
             return Err(format!(
-                "{address:#x} (+{size}) overlaps a segment held (its block at {:#x})",
+                "{address:#x} (+{size}) overlaps {what} (its block at {:#x})",
                 held.address
             ));
         }
-        // Rule 23a: a view's reservation, free or in use, is address space held too.
         if let Some(v) = &self.views
             && let Some(view) = v.views.values().find(|view| {
                 let bytes = view.homes.len() as u64 * v.page;

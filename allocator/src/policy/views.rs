@@ -113,7 +113,7 @@ impl<B: Backend> CachingCore<B> {
     #[inline]
     pub(super) fn free_insert(&mut self, p: usize, key: FreeKey) {
         self.free[p].insert(key);
-        if self.holds_a_slot_start(&key)
+        if self.holds_a_home(&key)
             && let Some(v) = &mut self.views
         {
             v.free_at.insert(key.2, key.3);
@@ -143,7 +143,7 @@ impl<B: Backend> CachingCore<B> {
     /// indexed block that starts last at or before a home is the one holding it, if any
     /// does). Without views nothing is indexed.
     #[inline]
-    fn holds_a_slot_start(&self, key: &FreeKey) -> bool {
+    fn holds_a_home(&self, key: &FreeKey) -> bool {
         let Some(v) = &self.views else {
             return false;
         };

@@ -117,24 +117,7 @@ pub fn to_allocator(a: &Adoption) -> AdoptedSegment {
         size: a.size,
         stream: StreamId(a.stream),
         pool: if a.small { Pool::Small } else { Pool::Large },
-        blocks: a
-            .blocks
-            .iter()
-            .map(|b| AdoptedBlock {
-                size: b.size,
-                state: match &b.state {
-                    AdoptionState::Free => AdoptedState::Free,
-                    AdoptionState::Unmapped => AdoptedState::Unmapped,
-                    AdoptionState::Allocated { requested } => AdoptedState::Allocated {
-                        requested: *requested,
-                    },
-                    AdoptionState::Pending { requested, streams } => AdoptedState::Pending {
-                        requested: *requested,
-                        streams: streams.iter().map(|&s| StreamId(s)).collect(),
-                    },
-                },
-            })
-            .collect(),
+        blocks: allocator_blocks(a),
     }
 }
 
