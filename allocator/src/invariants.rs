@@ -947,7 +947,10 @@ fn check_views(
             "the views' bytes are not their sum, or pass the cap",
         ));
     }
+    let mut slots: Vec<u64> = views.by_home.iter().map(|&(home, _)| home).collect();
+    slots.sort_unstable();
     if views.by_home.len() != homes_total
+        || slots != views.home_slots
         || views.free_by_size.len() + views.by_allocation.len() != views.views.len()
         || views.lru.len() != views.free_by_size.len()
     {

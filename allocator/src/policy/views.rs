@@ -78,6 +78,10 @@ pub(crate) struct Views {
     pub free_by_size: BTreeSet<(StreamId, u64, u64)>,
     /// Every view's home slots: `(slot, number)`.
     pub by_home: BTreeSet<(u64, u64)>,
+    /// The same homes' slots alone, sorted, once per view mapping them: the hot question of
+    /// [`CachingCore::free_insert`] (does a free block hold a home?) as one binary search.
+    /// Changed only when a view is made or destroyed.
+    pub home_slots: Vec<u64>,
     /// The free views by `(stamp, number)`: least recently handed out first.
     pub lru: BTreeSet<(u64, u64)>,
     /// The views in use by their allocation's block.
@@ -147,14 +151,11 @@ impl<B: Backend> CachingCore<B> {
         let Some(v) = &self.views else {
             return false;
         };
-        if v.by_home.is_empty() {
-            return false;
-        }
         let (address, size) = (key.2, key.1);
-        v.by_home
-            .range((address, 0)..(address.saturating_add(size), 0))
-            .next()
-            .is_some()
+        let i = v.home_slots.partition_point(|&h| h < address);
+        v.home_slots
+            .get(i)
+            .is_some_and(|&h| h < address.saturating_add(size))
     }
 
     /// The free block (of a free set) holding `[address, address + len)` wholly, if any.
@@ -422,6 +423,8 @@ impl<B: Backend> CachingCore<B> {
         for &(_, home) in &homes {
             v.by_home.insert((home, seq));
         }
+        v.home_slots.extend(homes.iter().map(|&(_, home)| home));
+        v.home_slots.sort_unstable();
         for (at, id) in sources {
             v.free_at.insert(at, id);
         }
@@ -465,6 +468,9 @@ impl<B: Backend> CachingCore<B> {
         v.lru.remove(&(view.stamp, seq));
         for &(_, home) in &view.homes {
             v.by_home.remove(&(home, seq));
+            let i = v.home_slots.partition_point(|&h| h < home);
+            debug_assert_eq!(v.home_slots.get(i), Some(&home), "every home is listed");
+            v.home_slots.remove(i);
         }
         v.bytes -= bytes;
         self.backend.release_reservation(address, bytes)?;
