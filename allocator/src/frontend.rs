@@ -84,8 +84,18 @@ struct Inner<B: Backend> {
     core: CachingCore<B>,
     /// Each thread's cache, in the order the threads first allocated (rule 17's flush order).
     threads: Vec<Arc<Local>>,
-    /// For every block handed out to a registered thread, live or parked: that thread's cache.
-    owners: FxHashMap<u64, Arc<Local>>,
+    /// For every small-pool block handed out to a registered thread, live or parked: that
+    /// thread's cache (its name) and what the block is.
+    owners: FxHashMap<u64, Owned>,
+}
+
+/// A block handed to a registered thread, as the owner map knows it.
+#[derive(Clone, Copy, Debug)]
+struct Owned {
+    /// The [`Local`]'s name.
+    thread: u64,
+    /// Its stream, requested size and other-stream use.
+    meta: Meta,
 }
 
 impl<B: Backend> Clone for Allocator<B> {
@@ -133,14 +143,16 @@ impl<B: Backend> Inner<B> {
     fn retire(&mut self, registry: &Registry) {
         for local in registry.take_retired() {
             self.flush(&local);
-            let h = local.hold();
-            for (address, _) in h.live() {
-                self.owners.remove(&address);
-            }
-            h.clear_live();
-            drop(h);
+            local.hold().clear_recent();
+            let id = local.id();
+            self.owners.retain(|_, o| o.thread != id);
             self.threads.retain(|l| !Arc::ptr_eq(l, &local));
         }
+    }
+
+    /// The registered cache named `id`.
+    fn thread(&self, id: u64) -> Option<&Arc<Local>> {
+        self.threads.iter().find(|l| l.id() == id)
     }
 }
 
@@ -201,10 +213,16 @@ impl<B: Backend> Allocator<B> {
     fn malloc_slow(&self, size: u64, stream: StreamId) -> Result<u64, Error> {
         let mut g = self.lock();
         let inner = &mut *g;
-        let local = thread_cache::register(&self.shared.registry);
-        if let Some((l, true)) = &local {
-            inner.threads.push(Arc::clone(l));
-        }
+        // This thread's cache (its name), registered at its first request.
+        let local = match thread_cache::with_local(&self.shared.registry, |l| l.id()) {
+            Some(id) => Some(id),
+            None => thread_cache::register(&self.shared.registry).map(|(l, new)| {
+                if new {
+                    inner.threads.push(Arc::clone(&l));
+                }
+                l.id()
+            }),
+        };
         // Rule 17a: parked blocks go back before the device grows for a request the cache
         // cannot serve. One search: the request is made at once when the cache serves it.
         let mut r = if inner.any_parked() {
@@ -226,14 +244,16 @@ impl<B: Backend> Allocator<B> {
             r = inner.core.malloc(size, stream);
         }
         // Rule 17b: only small-pool blocks are ever parked, so only they are tracked.
-        if let (Ok(address), Some((l, _)), true) = (&r, &local, size <= SMALL_SIZE) {
+        if let (Ok(address), Some(id), true) = (&r, local, size <= SMALL_SIZE) {
             let meta = Meta {
                 stream,
                 requested: size,
                 uses: false,
             };
-            l.hold().add_live(*address, meta);
-            inner.owners.insert(*address, Arc::clone(l));
+            if let Some(l) = inner.thread(id) {
+                l.hold().push_recent(*address, meta);
+                inner.owners.insert(*address, Owned { thread: id, meta });
+            }
         }
         r
     }
@@ -271,16 +291,20 @@ impl<B: Backend> Allocator<B> {
     fn free_slow(&self, address: u64) -> Result<(), Error> {
         let mut g = self.lock();
         let inner = &mut *g;
-        let Some(owner) = inner.owners.get(&address).cloned() else {
+        let Some(&Owned { thread, meta }) = inner.owners.get(&address) else {
+            return inner.core.free(address);
+        };
+        let Some(owner) = inner.thread(thread).cloned() else {
+            debug_assert!(false, "an owned block names no registered thread");
             return inner.core.free(address);
         };
         let h = owner.hold();
-        let Some(meta) = h.get_live(address) else {
-            // Parked: the user already freed it.
+        if h.is_parked(address) {
+            // The user already freed it.
             return Err(Error::UnknownPointer { address });
-        };
-        let mine = thread_cache::with_local(&self.shared.registry, |l| Arc::ptr_eq(l, &owner))
-            .unwrap_or(false);
+        }
+        let mine =
+            thread_cache::with_local(&self.shared.registry, |l| l.id() == thread).unwrap_or(false);
         // Read under the shared lock, which recording's start holds while it sets it to 0.
         let capacity = self.shared.capacity.load(Ordering::Relaxed);
         if mine && !meta.uses && capacity > 0 {
@@ -292,15 +316,11 @@ impl<B: Backend> Allocator<B> {
                 let r = inner.core.free(oldest);
                 debug_assert!(r.is_ok(), "freeing a parked block failed: {r:?}");
             }
-            let parked = h.park_live(address);
-            debug_assert!(
-                parked,
-                "a clean live block of this thread could not be parked"
-            );
+            h.park_live(address, meta);
             return Ok(());
         }
         inner.core.free(address)?;
-        h.remove_live(address);
+        h.forget_recent(address);
         inner.owners.remove(&address);
         Ok(())
     }
@@ -311,16 +331,24 @@ impl<B: Backend> Allocator<B> {
     pub fn record_stream(&self, address: u64, stream: StreamId) -> Result<(), Error> {
         let mut g = self.lock();
         let inner = &mut *g;
-        let Some(owner) = inner.owners.get(&address).cloned() else {
+        let Some(&Owned { thread, meta }) = inner.owners.get(&address) else {
+            return inner.core.record_stream(address, stream);
+        };
+        let Some(owner) = inner.thread(thread).cloned() else {
+            debug_assert!(false, "an owned block names no registered thread");
             return inner.core.record_stream(address, stream);
         };
         let h = owner.hold();
-        let Some(meta) = h.get_live(address) else {
+        if h.is_parked(address) {
             return Err(Error::UnknownPointer { address });
-        };
+        }
         inner.core.record_stream(address, stream)?;
         if stream != meta.stream {
-            h.mark_used(address);
+            // Never parked from now on: out of the fast path's reach, marked in the map.
+            h.forget_recent(address);
+            if let Some(o) = inner.owners.get_mut(&address) {
+                o.meta.uses = true;
+            }
         }
         Ok(())
     }
@@ -396,10 +424,9 @@ impl<B: Backend> Allocator<B> {
                     .map(|v| v.0),
             )
             .collect();
-        let mut seen = 0usize;
         for (i, local) in g.threads.iter().enumerate() {
             let h = local.hold();
-            let (live, parked) = (h.live(), h.parked());
+            let (recent, parked) = (h.recent(), h.parked());
             drop(h);
             if parked.len() > self.shared.configured {
                 return Err(InvariantViolation::ThreadCacheOverfull {
@@ -408,34 +435,50 @@ impl<B: Backend> Allocator<B> {
                     capacity: self.shared.configured,
                 });
             }
-            let addresses = live.iter().chain(parked.iter()).map(|(a, _)| a);
-            for a in addresses {
-                seen += 1;
-                if !allocated.contains(a) {
-                    return Err(InvariantViolation::ThreadHoldsUnallocated {
-                        thread: i,
-                        address: *a,
-                    });
-                }
-                if !g.owners.get(a).is_some_and(|o| Arc::ptr_eq(o, local)) {
+            // A recent block is one the fast path may park: this thread's, clean, in the map
+            // with the same stream and size.
+            for (a, m) in recent.iter().chain(parked.iter()) {
+                let o = g.owners.get(a);
+                let same = o.is_some_and(|o| {
+                    o.thread == local.id()
+                        && !o.meta.uses
+                        && o.meta.stream == m.stream
+                        && o.meta.requested == m.requested
+                });
+                if !same {
                     return Err(InvariantViolation::ThreadHoldsOthers {
                         thread: i,
                         address: *a,
                     });
                 }
             }
-            let live: std::collections::HashSet<u64> = live.iter().map(|(a, _)| *a).collect();
-            if let Some((a, _)) = parked.iter().find(|(a, _)| live.contains(a)) {
+            let recent: std::collections::HashSet<u64> = recent.iter().map(|(a, _)| *a).collect();
+            if let Some((a, _)) = parked.iter().find(|(a, _)| recent.contains(a)) {
                 return Err(InvariantViolation::LiveAndParked {
                     thread: i,
                     address: *a,
                 });
             }
         }
-        if seen != g.owners.len() {
+        // Every block the owner map holds, live or parked, is allocated in the core and
+        // belongs to a registered thread.
+        let mut held = 0usize;
+        for (a, o) in &g.owners {
+            let Some(i) = g.threads.iter().position(|l| l.id() == o.thread) else {
+                continue;
+            };
+            held += 1;
+            if !allocated.contains(a) {
+                return Err(InvariantViolation::ThreadHoldsUnallocated {
+                    thread: i,
+                    address: *a,
+                });
+            }
+        }
+        if held != g.owners.len() {
             return Err(InvariantViolation::OwnerCount {
                 owned: g.owners.len(),
-                held: seen,
+                held,
             });
         }
         Ok(())

@@ -251,15 +251,16 @@ pub enum InvariantViolation {
         /// The block's address.
         address: u64,
     },
-    /// A thread holds a block the front end says belongs to another thread.
-    #[error("thread {thread} holds {address:#x}, owned by another")]
+    /// A thread holds a block the front end's owner map gives to another thread, or knows
+    /// otherwise (another stream, size or use).
+    #[error("thread {thread} holds {address:#x}, owned by another or known otherwise")]
     ThreadHoldsOthers {
         /// The thread's place in the registration order.
         thread: usize,
         /// The block's address.
         address: u64,
     },
-    /// A block both live and parked in one thread's cache.
+    /// A block both recent (live) and parked in one thread's cache.
     #[error("thread {thread} has {address:#x} both live and parked")]
     LiveAndParked {
         /// The thread's place in the registration order.
@@ -267,9 +268,8 @@ pub enum InvariantViolation {
         /// The block's address.
         address: u64,
     },
-    /// The front end's owner map and the threads' caches disagree on how many blocks threads
-    /// hold.
-    #[error("{owned} owned blocks, {held} held by threads")]
+    /// The front end's owner map holds blocks of threads that are not registered.
+    #[error("{owned} owned blocks, {held} held by registered threads")]
     OwnerCount {
         /// Entries in the owner map.
         owned: usize,

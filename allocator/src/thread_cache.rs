@@ -12,19 +12,18 @@
 //! the allocator's shared lock first.
 //!
 //! **The hit path.** A `Local` holds two short arrays — its parked blocks, oldest first, and
-//! the live blocks handed out most recently — and a map of the thread's other live blocks. The
-//! arrays are plain atomics guarded by one flag ([`Local::hold`]): the owner's cache hit and
-//! its free of a recent block take the flag (one compare-and-swap), look at the arrays from
-//! their newest end (a hit pair finds its block at once) and release it (a store): no mutex,
-//! no hash map, no allocation. The map (behind a mutex of its own, taken only with the flag
-//! held, so never contended) is for live blocks the recent array has no room for.
+//! the live blocks handed out most recently — as plain atomics guarded by one flag
+//! ([`Local::hold`]): the owner's cache hit and its free of a recent block take the flag (one
+//! compare-and-swap), look at the arrays from their newest end (a hit pair finds its block at
+//! once) and release it (a store): no mutex, no hash map, no allocation. What every block
+//! handed to a thread is (its thread, stream, requested size, other-stream use) is in the
+//! front end's owner map, under the shared lock: a free of a block the recent array no longer
+//! holds is decided there, with the core's lock already taken.
 //!
-//! Lock order: the shared lock (core), then a `Local`'s flag, then its map, then the
-//! registry's `retired` list.
+//! Lock order: the shared lock (core), then a `Local`'s flag, then the registry's `retired`
+//! list.
 
 use std::cell::RefCell;
-
-use rustc_hash::FxHashMap;
 
 use crate::backend::StreamId;
 use crate::sync::{
@@ -57,11 +56,14 @@ struct Kept {
     stream: AtomicU64,
 }
 
-/// An array of blocks, oldest first, with its length: the `Local`'s parked blocks, or its
-/// recent live ones.
+/// A ring of blocks, oldest first, with its start and length: the `Local`'s parked blocks,
+/// or its recent live ones. Taking the oldest out (a full cache's eviction) and the newest
+/// (a hit pair) moves nothing; taking one from the middle moves the newer ones down.
 #[derive(Debug)]
 struct Blocks {
     entries: Box<[Kept]>,
+    /// Where the oldest block is.
+    head: AtomicUsize,
     len: AtomicUsize,
 }
 
@@ -71,6 +73,7 @@ impl Blocks {
     fn new(capacity: usize) -> Blocks {
         Blocks {
             entries: (0..capacity).map(|_| Kept::default()).collect(),
+            head: AtomicUsize::new(0),
             len: AtomicUsize::new(0),
         }
     }
@@ -80,9 +83,17 @@ impl Blocks {
         self.len.load(R)
     }
 
+    /// The slot of the `i`-th oldest block.
+    #[inline]
+    fn slot(&self, i: usize) -> &Kept {
+        let at = self.head.load(R) + i;
+        let cap = self.entries.len();
+        &self.entries[if at >= cap { at - cap } else { at }]
+    }
+
     #[inline]
     fn get(&self, i: usize) -> (u64, Meta) {
-        let e = &self.entries[i];
+        let e = self.slot(i);
         let meta = Meta {
             stream: StreamId(e.stream.load(R)),
             requested: e.requested.load(R),
@@ -93,7 +104,7 @@ impl Blocks {
 
     #[inline]
     fn set(&self, i: usize, address: u64, meta: Meta) {
-        let e = &self.entries[i];
+        let e = self.slot(i);
         e.address.store(address, R);
         e.requested.store(meta.requested, R);
         e.stream.store(meta.stream.0, R);
@@ -113,12 +124,25 @@ impl Blocks {
     fn remove(&self, i: usize) -> (u64, Meta) {
         let out = self.get(i);
         let n = self.len();
-        for j in i + 1..n {
-            let (a, m) = self.get(j);
-            self.set(j - 1, a, m);
+        if i == 0 {
+            let next = self.head.load(R) + 1;
+            let cap = self.entries.len();
+            self.head
+                .store(if next >= cap { next - cap } else { next }, R);
+        } else {
+            for j in i + 1..n {
+                let (a, m) = self.get(j);
+                self.set(j - 1, a, m);
+            }
         }
         self.len.store(n - 1, R);
         out
+    }
+
+    /// Empties the ring.
+    #[inline]
+    fn clear(&self) {
+        self.len.store(0, R);
     }
 
     /// The position of block `address`, newest first.
@@ -126,7 +150,16 @@ impl Blocks {
     fn find(&self, address: u64) -> Option<usize> {
         (0..self.len())
             .rev()
-            .find(|&i| self.entries[i].address.load(R) == address)
+            .find(|&i| self.slot(i).address.load(R) == address)
+    }
+
+    /// The position of the newest block of `stream` whose request was `size` bytes.
+    #[inline]
+    fn find_request(&self, size: u64, stream: StreamId) -> Option<usize> {
+        (0..self.len()).rev().find(|&i| {
+            let e = self.slot(i);
+            e.requested.load(R) == size && e.stream.load(R) == stream.0
+        })
     }
 
     fn all(&self) -> impl Iterator<Item = (u64, Meta)> + '_ {
@@ -142,26 +175,31 @@ pub(crate) struct Local {
     /// Held by whoever reads or changes the fields below: the owner on its fast paths, another
     /// thread (holding the shared lock) for a flush or a free of one of this thread's blocks.
     busy: AtomicBool,
+    /// This cache's name in the front end's owner map: unique among the allocator's caches.
+    id: u64,
     /// Parked blocks, oldest first: at most the configured `N`.
     parked: Blocks,
-    /// The live blocks handed out most recently, oldest first, none used on another stream.
+    /// The live blocks handed out most recently, oldest first, none used on another stream:
+    /// the ones the fast path of `free` may park without the shared lock. The thread's other
+    /// live blocks are known only to the owner map (under the shared lock).
     recent: Blocks,
-    /// How many blocks `cold` holds (read first, so the map's lock is skipped when empty).
-    cold_len: AtomicUsize,
-    /// The other live blocks, including every block used on another stream.
-    cold: Mutex<FxHashMap<u64, Meta>>,
 }
 
 impl Local {
-    /// A cache for a thread of an allocator whose threads keep up to `n` blocks.
-    pub fn new(n: usize) -> Local {
+    /// A cache named `id` for a thread of an allocator whose threads keep up to `n` blocks.
+    pub fn new(id: u64, n: usize) -> Local {
         Local {
             busy: AtomicBool::new(false),
+            id,
             parked: Blocks::new(n),
             recent: Blocks::new(n.clamp(1, RECENT_LIVE)),
-            cold_len: AtomicUsize::new(0),
-            cold: Mutex::new(FxHashMap::default()),
         }
+    }
+
+    /// This cache's name in the owner map.
+    #[inline]
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// Takes the flag: the returned guard reads and changes the cache until it is dropped.
@@ -186,12 +224,13 @@ impl Local {
         self.hold().take(size, stream)
     }
 
-    /// The fast path of `free`: parks `address` when this thread was handed it, no other
-    /// stream used it and the cache has room. False sends the free to the slow path.
+    /// The fast path of `free`: parks `address` when it is one of this thread's recent live
+    /// blocks (so no other stream used it) and the cache has room. False sends the free to
+    /// the slow path, which decides under the shared lock.
     #[inline]
     pub fn park(&self, address: u64, capacity: usize) -> bool {
         let h = self.hold();
-        h.parked_len() < capacity && h.park_live(address)
+        h.parked_len() < capacity && h.park_recent(address)
     }
 }
 
@@ -217,105 +256,52 @@ impl Held<'_> {
     #[inline]
     fn take(&self, size: u64, stream: StreamId) -> Option<u64> {
         let parked = &self.local.parked;
-        let i = (0..parked.len()).rev().find(|&i| {
-            let e = &parked.entries[i];
-            e.requested.load(R) == size && e.stream.load(R) == stream.0
-        })?;
+        let i = parked.find_request(size, stream)?;
         let (address, meta) = parked.remove(i);
         self.push_recent(address, meta);
         Some(address)
     }
 
-    /// Notes a clean live block as the most recent, the least recent moving to the map when
-    /// the array is full.
+    /// Notes a clean live block as the most recent; when the array is full its least recent
+    /// block leaves it (the owner map still knows it).
     #[inline]
-    fn push_recent(&self, address: u64, meta: Meta) {
+    pub fn push_recent(&self, address: u64, meta: Meta) {
         let recent = &self.local.recent;
         if recent.len() == recent.entries.len() {
-            let (a, m) = recent.remove(0);
-            self.cold_insert(a, m);
+            recent.remove(0);
         }
         recent.push(address, meta);
     }
 
-    fn cold_insert(&self, address: u64, meta: Meta) {
-        let mut cold = lock(&self.local.cold);
-        cold.insert(address, meta);
-        self.local.cold_len.store(cold.len(), R);
-    }
-
-    /// Parks live block `address` if this thread holds it and no other stream used it (the
-    /// caller made room: fewer than `N` blocks are parked). False changes nothing.
+    /// Parks `address` if it is one of the recent live blocks (the caller made room: fewer
+    /// than `N` blocks are parked). False changes nothing.
     #[inline]
-    pub fn park_live(&self, address: u64) -> bool {
-        if let Some(i) = self.local.recent.find(address) {
-            let (a, m) = self.local.recent.remove(i);
-            self.local.parked.push(a, m);
-            return true;
-        }
-        self.park_cold(address)
-    }
-
-    #[cold]
-    fn park_cold(&self, address: u64) -> bool {
-        if self.local.cold_len.load(R) == 0 {
+    fn park_recent(&self, address: u64) -> bool {
+        let Some(i) = self.local.recent.find(address) else {
             return false;
-        }
-        let mut cold = lock(&self.local.cold);
-        match cold.get(&address) {
-            Some(m) if !m.uses => {
-                let m = *m;
-                cold.remove(&address);
-                self.local.cold_len.store(cold.len(), R);
-                self.local.parked.push(address, m);
-                true
-            }
-            _ => false,
-        }
+        };
+        let (a, m) = self.local.recent.remove(i);
+        self.local.parked.push(a, m);
+        true
     }
 
-    /// Notes a block just handed to this thread by the core.
-    pub fn add_live(&self, address: u64, meta: Meta) {
-        if meta.uses {
-            self.cold_insert(address, meta);
-        } else {
-            self.push_recent(address, meta);
-        }
+    /// Parks live block `address` (`meta` from the owner map; the caller checked that no other
+    /// stream used it and made room), taking it out of the recent array if it is there.
+    pub fn park_live(&self, address: u64, meta: Meta) {
+        self.forget_recent(address);
+        self.local.parked.push(address, meta);
     }
 
-    /// The live block at `address`, if this thread holds it (parked blocks are not live).
-    pub fn get_live(&self, address: u64) -> Option<Meta> {
+    /// Whether `address` is parked here.
+    pub fn is_parked(&self, address: u64) -> bool {
+        self.local.parked.find(address).is_some()
+    }
+
+    /// Takes `address` out of the recent array if it is there (freed through the core, or
+    /// used on another stream: the fast path must not park it).
+    pub fn forget_recent(&self, address: u64) {
         if let Some(i) = self.local.recent.find(address) {
-            return Some(self.local.recent.get(i).1);
-        }
-        if self.local.cold_len.load(R) == 0 {
-            return None;
-        }
-        lock(&self.local.cold).get(&address).copied()
-    }
-
-    /// Forgets live block `address` (freed through the core).
-    pub fn remove_live(&self, address: u64) -> Option<Meta> {
-        if let Some(i) = self.local.recent.find(address) {
-            return Some(self.local.recent.remove(i).1);
-        }
-        if self.local.cold_len.load(R) == 0 {
-            return None;
-        }
-        let mut cold = lock(&self.local.cold);
-        let meta = cold.remove(&address);
-        self.local.cold_len.store(cold.len(), R);
-        meta
-    }
-
-    /// Notes that another stream used live block `address`: it will not be parked.
-    pub fn mark_used(&self, address: u64) {
-        if let Some(i) = self.local.recent.find(address) {
-            let (a, mut m) = self.local.recent.remove(i);
-            m.uses = true;
-            self.cold_insert(a, m);
-        } else if let Some(m) = lock(&self.local.cold).get_mut(&address) {
-            m.uses = true;
+            self.local.recent.remove(i);
         }
     }
 
@@ -324,10 +310,15 @@ impl Held<'_> {
         self.local.parked.all().collect()
     }
 
+    /// The recent live blocks, oldest first.
+    pub fn recent(&self) -> Vec<(u64, Meta)> {
+        self.local.recent.all().collect()
+    }
+
     /// Takes every parked block out, oldest first.
     pub fn drain_parked(&self) -> Vec<(u64, Meta)> {
         let v = self.parked();
-        self.local.parked.len.store(0, R);
+        self.local.parked.clear();
         v
     }
 
@@ -336,18 +327,9 @@ impl Held<'_> {
         (self.parked_len() > 0).then(|| self.local.parked.remove(0))
     }
 
-    /// The live blocks: the recent ones, then the map's.
-    pub fn live(&self) -> Vec<(u64, Meta)> {
-        let mut v: Vec<(u64, Meta)> = self.local.recent.all().collect();
-        v.extend(lock(&self.local.cold).iter().map(|(a, m)| (*a, *m)));
-        v
-    }
-
-    /// Forgets every live block (the thread exited).
-    pub fn clear_live(&self) {
-        self.local.recent.len.store(0, R);
-        lock(&self.local.cold).clear();
-        self.local.cold_len.store(0, R);
+    /// Forgets every recent live block (the thread exited).
+    pub fn clear_recent(&self) {
+        self.local.recent.clear();
     }
 }
 
@@ -364,6 +346,8 @@ pub(crate) struct Registry {
     /// The blocks each thread may keep (`Settings::thread_cache_blocks`): the size of a new
     /// [`Local`].
     blocks: usize,
+    /// The next [`Local`]'s name.
+    next_id: AtomicU64,
 }
 
 impl Registry {
@@ -373,6 +357,7 @@ impl Registry {
             retired: Mutex::new(Vec::new()),
             pending: AtomicBool::new(false),
             alive: AtomicBool::new(true),
+            next_id: AtomicU64::new(0),
         }
     }
 
@@ -462,7 +447,8 @@ pub(crate) fn register(registry: &Arc<Registry>) -> Option<(Arc<Local>, bool)> {
             if let Some(x) = entries.iter().find(|x| Arc::ptr_eq(&x.registry, registry)) {
                 return (Arc::clone(&x.local), false);
             }
-            let local = Arc::new(Local::new(registry.blocks));
+            let id = registry.next_id.fetch_add(1, Ordering::Relaxed);
+            let local = Arc::new(Local::new(id, registry.blocks));
             entries.push(Entry {
                 registry: Arc::clone(registry),
                 local: Arc::clone(&local),
