@@ -28,6 +28,44 @@ proptest! {
     }
 }
 
+/// Sequences where thread caches mostly miss: requests of many sizes (a small cache's
+/// blocks leave it full again and again, rule 17b), with now and then a size freed a moment
+/// ago (a hit), on two threads.
+fn churn_ops() -> impl Strategy<Value = Vec<ThreadOp>> {
+    let malloc = |(thread, k): (u8, u64)| ThreadOp::On {
+        thread,
+        op: Op::Malloc {
+            size: k * 512,
+            stream: 0,
+        },
+    };
+    proptest::collection::vec(
+        prop_oneof![
+            5 => (0u8..2, 1u64..=200).prop_map(malloc),
+            2 => (0u8..2, 1u64..=3).prop_map(malloc),
+            6 => (0u8..2, any::<u16>()).prop_map(|(thread, pick)| ThreadOp::FreeOwn { thread, pick }),
+        ],
+        100..=400,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases() / 2, max_shrink_iters: 5_000, ..ProptestConfig::default() })]
+
+    /// Rule 17b's overflow, again and again: caches of one and two blocks that mostly miss
+    /// agree with the model.
+    #[test]
+    fn caches_that_mostly_miss_agree_with_model(blocks in 1u32..=2, ops in churn_ops()) {
+        let scenario = ThreadScenario {
+            knobs: Knobs { thread_cache_blocks: blocks, ..Knobs::pytorch(1 << 30) },
+            ops,
+        };
+        if let Err(e) = run_thread_scenario(&scenario) {
+            prop_assert!(false, "{e}\nblocks: {blocks}\nops ({}): {:?}", scenario.ops.len(), scenario.ops);
+        }
+    }
+}
+
 const MIB: u64 = 1 << 20;
 
 fn run(thread_cache_blocks: u32, knobs: Knobs, ops: Vec<ThreadOp>) {
