@@ -15,7 +15,9 @@
 use cachalot::{AdoptedRange, AdoptedSegment, StreamId};
 use cachalot_tools::replay::ReplayTarget;
 
-use crate::op::{Op, STREAMS, THREADS, ThreadOp, fraction};
+use crate::op::{
+    Op, RUNTIME_DIVISIONS, RUNTIME_GC, RUNTIME_MAX_SPLIT_MB, STREAMS, THREADS, ThreadOp, fraction,
+};
 use crate::scenario::{Scenario, ThreadScenario};
 use crate::side::{
     Call, CoreSide, ModelSide, Observation, Outcome, Side, ThreadedSide, adoption_from_allocator,
@@ -125,6 +127,21 @@ impl Handles {
                 segment: range.resolve_range(),
             },
             Op::SetNextAddress { address } => Call::SetNextAddress { address },
+            Op::SetRuntimeSettings {
+                max_split,
+                divisions,
+                gc,
+            } => {
+                let pick = |table: &[u64], i: u8| table[usize::from(i) % table.len()];
+                let mb = pick(RUNTIME_MAX_SPLIT_MB, max_split);
+                Call::SetRuntimeSettings {
+                    max_split_size: if mb == 0 { u64::MAX } else { mb << 20 },
+                    max_non_split_rounding_size: 20 << 20,
+                    garbage_collection_threshold: RUNTIME_GC[usize::from(gc) % RUNTIME_GC.len()],
+                    roundup_power2_divisions: [pick(RUNTIME_DIVISIONS, divisions); 16],
+                }
+            }
+            Op::ReleaseStream { stream: s } => Call::ReleaseStream { stream: stream(s) },
         }
     }
 

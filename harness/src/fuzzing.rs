@@ -205,7 +205,10 @@ impl FaultHarness {
                 *o == Outcome::Ok(0)
             }
             (Call::Free { .. } | Call::RecordStream { .. }, o) => *o == Outcome::UnknownPointer,
-            (Call::EmptyCache { .. }, o) => matches!(o, Outcome::Ok(0) | Outcome::InjectedFault),
+            (Call::EmptyCache { .. } | Call::ReleaseStream { .. }, o) => {
+                matches!(o, Outcome::Ok(0) | Outcome::InjectedFault)
+            }
+            (Call::SetRuntimeSettings { .. }, o) => *o == Outcome::Ok(0),
             (Call::SetFraction { fraction, .. }, o) => {
                 *o == if (0.0..=1.0).contains(fraction) {
                     Outcome::Ok(0)
