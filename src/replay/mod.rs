@@ -35,7 +35,8 @@ pub use interpret::{
     Executed, Interpreter, ReplayTarget, StartFailure, is_side_stream, side_stream,
 };
 pub use program::{
-    InitialHandle, ReplayOp, ReplayOptions, ReplayProgram, ReplayReport, SnapshotExt,
+    InferredPool, InitialHandle, ReplayOp, ReplayOptions, ReplayProgram, ReplayReport,
+    RuntimeSettings, SnapshotExt,
     private_stream, recorded_stream, replay_ops, replay_ops_from, replay_ops_with,
 };
 pub use recorded::{Recorded, RecordedError};
