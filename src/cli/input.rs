@@ -11,6 +11,8 @@ use cachalot_tools::replay::{
     H200_MEMORY, Recorded, RecordedError, ReplayOptions, ReplayProgram, ReplayReport, SnapshotExt,
     StartError, StartState, private_segments, replay_ops_from,
 };
+use cachalot_tools::find_settings::{FoundChange, find_change, find_change_at};
+use cachalot_tools::replay::RuntimeSettings;
 use cachalot_tools::snapshot::{Figures, Snapshot, read_figures_for, read_snapshot};
 
 use super::error::CliError;
@@ -37,6 +39,9 @@ pub struct Trace {
     /// Set when the trace fits other allocator settings than the recorded ones (settings
     /// changed at run time): what the report says about it.
     pub settings_hint: Option<String>,
+    /// Where the settings changed at run time, when found (the program and the start are
+    /// then the change's).
+    pub settings_change: Option<FoundChange>,
 }
 
 impl Trace {
@@ -82,6 +87,12 @@ impl Trace {
             settings = rec
                 .apply_conf(settings)
                 .map_err(|e| self.recorded_error(e))?;
+            // Settings changed at run time: the replay starts under the earlier ones.
+            if let Some(c) = &self.settings_change {
+                let before = RuntimeSettings::from_conf(&c.from)
+                    .map_err(|e| CliError::input(format!("{}: {e}", self.name())))?;
+                settings = before.applied_to(&settings);
+            }
         }
         settings = rec
             .apply_fraction(settings)
@@ -90,6 +101,16 @@ impl Trace {
             settings = apply_config(&settings, conf)?;
         }
         Ok(settings)
+    }
+
+    /// The settings PyTorch ran under when recording began: the recorded ones, or, when the
+    /// program changed them at run time, those before the change.
+    pub fn recorded_start_settings(&self) -> Option<Settings> {
+        let s = self.recorded().settings().ok()?;
+        match &self.settings_change {
+            Some(c) => Some(RuntimeSettings::from_conf(&c.from).ok()?.applied_to(&s)),
+            None => Some(s),
+        }
     }
 
     /// A recorded setting that is not usable, as bad input naming the file it came from.
@@ -201,7 +222,7 @@ pub fn load(path: &Path, device: Option<usize>) -> Result<Trace, CliError> {
     } else {
         None
     };
-    Ok(Trace {
+    let mut trace = Trace {
         path: path.to_path_buf(),
         snapshot,
         device,
@@ -211,7 +232,46 @@ pub fn load(path: &Path, device: Option<usize>) -> Result<Trace, CliError> {
         figures,
         fraction: None,
         settings_hint,
-    })
+        settings_change: None,
+    };
+    if trace.settings_hint.is_some() {
+        trace.look_for_a_settings_change(RuntimeSettings::from_conf("").ok(), None);
+    }
+    Ok(trace)
+}
+
+impl Trace {
+    /// Searches where the settings changed from `before` (PyTorch's defaults when `None`
+    /// cannot be had) to the recorded ones, or, with `at`, checks that entry alone; on success
+    /// the trace's start and program become the change's and the hint says what was found.
+    pub fn look_for_a_settings_change(&mut self, before: Option<RuntimeSettings>, at: Option<usize>) {
+        let Some(before) = before else { return };
+        let Some(conf) = self
+            .snapshot
+            .allocator_settings
+            .as_ref()
+            .map(|s| s.alloc_conf.clone())
+        else {
+            return;
+        };
+        let Ok(after) = RuntimeSettings::from_conf(&conf) else {
+            return;
+        };
+        let Ok(settings) = self.recorded().settings() else {
+            return;
+        };
+        let capacity = self.capacity(None);
+        let found = match at {
+            Some(k) => find_change_at(&self.snapshot, self.device, &settings, capacity, &before, &after, k),
+            None => find_change(&self.snapshot, self.device, &settings, capacity, &before, &after),
+        };
+        if let Some(found) = found {
+            self.start = Ok(found.start.clone());
+            self.program = found.program.clone();
+            self.settings_hint = None;
+            self.settings_change = Some(found);
+        }
+    }
 }
 
 fn list(devices: &[usize]) -> String {

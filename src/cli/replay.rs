@@ -233,7 +233,7 @@ fn recorded_streams(snapshot: &mut Snapshot, recorded: &Snapshot, device: usize)
 pub fn start_mode(trace: &Trace, settings: &Settings) -> StartMode {
     match &trace.start {
         Err(_) => StartMode::Empty,
-        Ok(_) if trace.recorded().settings().ok().as_ref() == Some(settings) => StartMode::Exact,
+        Ok(_) if trace.recorded_start_settings().as_ref() == Some(settings) => StartMode::Exact,
         Ok(_) => StartMode::LiveTensors,
     }
 }
