@@ -23,8 +23,10 @@ use serde::Serialize;
 use super::error::CliError;
 use super::input::{self, Trace};
 use super::replay_report::{
-    PytorchFigures, SelfCheckReport, StartReport, UnexplainedFrees, causes, start_report,
+    PytorchFigures, SelfCheckReport, StartReport, UnexplainedFrees, causes, inferred, start_report,
 };
+use cachalot_tools::find_settings::FoundChange;
+use cachalot_tools::replay::InferredPool;
 use super::{cuda, ops, plot, units};
 
 /// Where a replay runs.
@@ -427,6 +429,12 @@ pub struct Report {
     /// memory-fraction cap that reproduces them if one was searched and found.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unexplained_frees: Option<UnexplainedFrees>,
+    /// Where the program changed its settings at run time, when found.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub settings_change: Option<FoundChange>,
+    /// Private pools released before the dump, inferred from the trace.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub inferred_pools: Vec<InferredPool>,
     /// PyTorch's own figures, when a sidecar was found.
     #[serde(flatten)]
     pub pytorch: Option<PytorchFigures>,
@@ -473,7 +481,10 @@ impl Report {
                 check: check_final_state(&out.final_layout, &trace.snapshot, trace.device),
                 causes: causes(trace, config, out),
                 start_rebuilt: trace.start.is_ok(),
+                inferred: inferred(trace),
             },
+            settings_change: trace.settings_change.clone(),
+            inferred_pools: trace.program.inferred_pools.clone(),
             unexplained_frees: None,
             pytorch: trace.figures.as_ref().map(|f| PytorchFigures::new(f, out)),
         }

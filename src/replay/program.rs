@@ -113,7 +113,7 @@ impl RuntimeSettings {
 
 /// A private pool released before the dump (a `torch.cuda.MemPool` deleted), inferred from the
 /// trace: its segments are in no dump.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct InferredPool {
     /// The trace entry of the release (its first `segment_free`).
     pub entry: usize,
