@@ -11,8 +11,8 @@ use cachalot_tools::replay::{
     H200_MEMORY, Recorded, RecordedError, ReplayOptions, ReplayProgram, ReplayReport, SnapshotExt,
     StartError, StartState, private_segments, replay_ops_from,
 };
-use cachalot_tools::find_settings::{FoundChange, find_change, find_change_at};
-use cachalot_tools::replay::RuntimeSettings;
+use cachalot_tools::find_settings::{FoundChange, find_change};
+use cachalot_tools::replay::{PYTORCH_LARGE_PAGE, RuntimeSettings, reconstruct_start_changed};
 use cachalot_tools::snapshot::{Figures, Snapshot, read_figures_for, read_snapshot};
 
 use super::error::CliError;
@@ -235,17 +235,18 @@ pub fn load(path: &Path, device: Option<usize>) -> Result<Trace, CliError> {
         settings_change: None,
     };
     if trace.settings_hint.is_some() {
-        trace.look_for_a_settings_change(RuntimeSettings::from_conf("").ok(), None);
+        trace.look_for_a_settings_change();
     }
     Ok(trace)
 }
 
 impl Trace {
-    /// Searches where the settings changed from `before` (PyTorch's defaults when `None`
-    /// cannot be had) to the recorded ones, or, with `at`, checks that entry alone; on success
-    /// the trace's start and program become the change's and the hint says what was found.
-    pub fn look_for_a_settings_change(&mut self, before: Option<RuntimeSettings>, at: Option<usize>) {
-        let Some(before) = before else { return };
+    /// Searches where the settings changed from PyTorch's defaults to the recorded ones
+    /// ([`find_change`]); when found, the trace's start and program become the change's.
+    pub fn look_for_a_settings_change(&mut self) {
+        let Ok(before) = RuntimeSettings::from_conf("") else {
+            return;
+        };
         let Some(conf) = self
             .snapshot
             .allocator_settings
@@ -261,10 +262,7 @@ impl Trace {
             return;
         };
         let capacity = self.capacity(None);
-        let found = match at {
-            Some(k) => find_change_at(&self.snapshot, self.device, &settings, capacity, &before, &after, k),
-            None => find_change(&self.snapshot, self.device, &settings, capacity, &before, &after),
-        };
+        let found = find_change(&self.snapshot, self.device, &settings, capacity, &before, &after);
         if let Some(found) = found {
             self.start = Ok(found.start.clone());
             self.program = found.program.clone();
@@ -272,6 +270,72 @@ impl Trace {
             self.settings_change = Some(found);
         }
     }
+
+    /// The user's word (`--settings-at ENTRY:CONF`): the program put `conf` in force just
+    /// before trace entry `entry`, PyTorch's defaults before. The start is walked back and the
+    /// program built with that change, whether or not it reproduces the trace (the self-check
+    /// says); an entry beyond the trace is bad input.
+    pub fn settings_changed_at(&mut self, entry: usize, conf: &str) -> Result<(), CliError> {
+        let bad = |e: String| CliError::input(format!("--settings-at {entry}:{conf}: {e}"));
+        let after = RuntimeSettings::from_conf(conf).map_err(|e| bad(e.to_string()))?;
+        let before = RuntimeSettings::from_conf("").map_err(|e| bad(e.to_string()))?;
+        let Some(t) = self.snapshot.traces.iter().find(|t| t.device == self.device) else {
+            return Err(bad(format!("no trace for device {}", self.device)));
+        };
+        if entry > t.entries.len() {
+            return Err(bad(format!(
+                "the trace of device {} has {} entries (ENTRY is at most that)",
+                self.device,
+                t.entries.len()
+            )));
+        }
+        let start = reconstruct_start_changed(
+            t,
+            &self.snapshot.segments,
+            &before.roundup_power2_divisions,
+            &after.roundup_power2_divisions,
+            entry,
+            PYTORCH_LARGE_PAGE,
+        )
+        .map(|mut s| {
+            s.private_segments = private_segments(&self.snapshot.segments, self.device);
+            s
+        });
+        let unknown = StartState {
+            private_segments: private_segments(&self.snapshot.segments, self.device),
+            ..StartState::default()
+        };
+        let options = ReplayOptions::from_settings(self.snapshot.allocator_settings.as_ref());
+        let (program, conversion) = replay_ops_from(t, &options, start.as_ref().unwrap_or(&unknown));
+        self.program = program.with_settings_change(entry, after.clone());
+        self.conversion = conversion;
+        self.start = start.clone();
+        self.settings_hint = None;
+        self.settings_change = Some(FoundChange {
+            first_entry: entry,
+            last_entry: entry,
+            from: before.conf,
+            to: after.conf,
+            replays: 0,
+            start: start.unwrap_or_default(),
+            program: self.program.clone(),
+        });
+        Ok(())
+    }
+}
+
+/// `--settings-at ENTRY:CONF`: a trace entry and a configuration string in
+/// PYTORCH_CUDA_ALLOC_CONF syntax (checked here, so a bad one exits 2 before anything runs).
+pub fn parse_settings_at(s: &str) -> Result<(usize, String), String> {
+    let (entry, conf) = s
+        .split_once(':')
+        .ok_or_else(|| format!("{s:?} is not ENTRY:CONF (e.g. 300:max_split_size_mb:32)"))?;
+    let entry: usize = entry
+        .trim()
+        .parse()
+        .map_err(|_| format!("{entry:?} is not a trace entry (a whole number)"))?;
+    RuntimeSettings::from_conf(conf).map_err(|e| format!("{conf:?}: {e}"))?;
+    Ok((entry, conf.to_string()))
 }
 
 fn list(devices: &[usize]) -> String {

@@ -121,6 +121,11 @@ pub struct ReplayArgs {
     /// operations.
     #[arg(long, value_name = "FILE")]
     pub ops_out: Option<PathBuf>,
+    /// The program called torch.cuda.memory._set_allocator_settings(CONF) just before trace
+    /// entry ENTRY (PyTorch's defaults before; no trace entry records it). Without it, a trace
+    /// that only fits such a change is searched for the entry.
+    #[arg(long, value_name = "ENTRY:CONF", value_parser = input::parse_settings_at)]
+    pub settings_at: Option<(usize, String)>,
 }
 
 /// A memory fraction: a number in [0, 1].
@@ -143,6 +148,9 @@ const PROGRESS_MIN_OPS: usize = 250_000;
 pub fn run(args: &ReplayArgs) -> Result<(), CliError> {
     let mut trace = input::load(&args.trace, args.device)?;
     trace.fraction = args.memory_fraction;
+    if let Some((entry, conf)) = &args.settings_at {
+        trace.settings_changed_at(*entry, conf)?;
+    }
     let settings = trace.settings(args.pytorch, args.pytorch, args.config.as_deref())?;
     let config = ReplayConfig {
         settings,

@@ -74,12 +74,16 @@ pub(super) fn inferred(trace: &Trace) -> Vec<String> {
                 c.first_entry, c.first_entry, c.last_entry
             )
         };
+        let how = if c.replays == 0 {
+            "given with --settings-at".to_string()
+        } else {
+            format!("found in {} replays", c.replays)
+        };
         out.push(format!(
             "settings changed at run time: at {at}, from {} to {} \
-             (torch.cuda.memory._set_allocator_settings; found in {} replays)",
+             (torch.cuda.memory._set_allocator_settings; {how})",
             conf(&c.from),
             conf(&c.to),
-            c.replays
         ));
     }
     for p in &trace.program.inferred_pools {

@@ -41,7 +41,8 @@ pub use program::{
 };
 pub use recorded::{Recorded, RecordedError};
 pub use start::{
-    PrivateSegment, StartBlock, StartError, StartMode, StartSegment, StartState, private_segments,
+    PYTORCH_LARGE_PAGE, PrivateSegment, StartBlock, StartError, StartMode, StartSegment, StartState,
+    private_segments,
     reconstruct_start, reconstruct_start_changed, reconstruct_start_paged,
 };
 pub use step::Stepper;
