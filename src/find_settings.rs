@@ -17,8 +17,14 @@ use crate::replay::start::{
 use crate::selfcheck::check_final_state;
 use crate::snapshot::{Action, Snapshot};
 
-/// The most replays one search makes: candidate entries beyond it are sampled evenly.
+/// The most candidate entries one search tries: beyond it they are sampled evenly.
 pub const MAX_CANDIDATES: usize = 4000;
+/// The most trace entries a search walks and replays in all (candidates × entries): a long
+/// trace gets fewer candidates (at least [`MIN_CANDIDATES`]), so the search stays within
+/// seconds.
+pub const MAX_WORK: usize = 200_000_000;
+/// The fewest candidates a long trace's search samples.
+pub const MIN_CANDIDATES: usize = 50;
 
 /// A settings change found in a trace.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -63,11 +69,20 @@ pub fn find_change(
         .map(|(i, _)| i)
         .chain(std::iter::once(entries.len()))
         .collect();
-    if candidates.len() > MAX_CANDIDATES {
-        let step = candidates.len().div_ceil(MAX_CANDIDATES);
+    let most = MAX_CANDIDATES.min((MAX_WORK / entries.len().max(1)).max(MIN_CANDIDATES));
+    if candidates.len() > most {
+        let step = candidates.len().div_ceil(most);
         candidates = candidates.into_iter().step_by(step).collect();
     }
-    search(snapshot, device, settings, capacity, before, after, &candidates)
+    search(
+        snapshot,
+        device,
+        settings,
+        capacity,
+        before,
+        after,
+        &candidates,
+    )
 }
 
 /// [`find_change`] for a change the user says happened at trace entry `entry` (`None` when it
@@ -81,7 +96,15 @@ pub fn find_change_at(
     after: &RuntimeSettings,
     entry: usize,
 ) -> Option<FoundChange> {
-    search(snapshot, device, settings, capacity, before, after, &[entry])
+    search(
+        snapshot,
+        device,
+        settings,
+        capacity,
+        before,
+        after,
+        &[entry],
+    )
 }
 
 fn search(

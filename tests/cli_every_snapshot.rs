@@ -136,7 +136,10 @@ fn the_self_check_names_what_it_cannot_model() {
         );
         let text = cachalot(&["replay", path.to_str().unwrap(), "--pytorch"]);
         let text = String::from_utf8_lossy(&text.stdout);
-        assert!(text.contains(&format!("inferred: {what}")), "{name}: {text}");
+        assert!(
+            text.contains(&format!("inferred: {what}")),
+            "{name}: {text}"
+        );
     }
     let report = json(&cachalot(&[
         "replay",
@@ -239,7 +242,10 @@ fn a_bad_settings_at_is_bad_input() {
         ]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
-        assert!(err.contains(says) && !err.contains("panicked"), "{bad}: {err}");
+        assert!(
+            err.contains(says) && !err.contains("panicked"),
+            "{bad}: {err}"
+        );
     }
 }
 

@@ -175,11 +175,7 @@ fn every_cut_of_every_trace_rebuilds_a_layout_pytorch_can_have() {
         for e in std::fs::read_dir(fixtures_root().join(dir)).unwrap() {
             let p = e.unwrap().path();
             let name = p.file_name().unwrap().to_string_lossy().to_string();
-            let skip = [
-                "gpt2_generate",
-                "oversize_max_split",
-                "settings_runtime",
-            ];
+            let skip = ["gpt2_generate", "oversize_max_split", "settings_runtime"];
             if (name.ends_with(".pickle") || name.ends_with(".pickle.gz"))
                 && !skip.iter().any(|s| name.starts_with(s))
             {

@@ -63,10 +63,7 @@ fn later_requests_round_and_split_under_the_new_settings_alike() {
 
 #[test]
 fn an_allocation_live_across_the_change_is_recounted_as_oversize() {
-    let o = run(vec![
-        malloc(48 * MIB, 0),
-        SPLIT_32_DIVISIONS_4,
-    ]);
+    let o = run(vec![malloc(48 * MIB, 0), SPLIT_32_DIVISIONS_4]);
     assert_eq!(stat(&o, "oversize_allocations.current"), 1);
     let o = run(vec![
         malloc(48 * MIB, 0),

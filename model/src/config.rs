@@ -157,7 +157,9 @@ pub enum ModelError {
     },
     /// A run-time settings change (rule 24) that changes more than the four run-time values.
     /// Nothing changed.
-    #[error("only max_split_size, max_non_split_rounding_size, garbage_collection_threshold and roundup_power2_divisions change at run time")]
+    #[error(
+        "only max_split_size, max_non_split_rounding_size, garbage_collection_threshold and roundup_power2_divisions change at run time"
+    )]
     UnsupportedChange,
     /// The device has no room for a segment to adopt (rule 18b). Nothing changed.
     #[error("cannot adopt {size} bytes: the device has {device_free} bytes free")]

@@ -1,10 +1,10 @@
 //! Rules 24 and 25, written to be read: settings a program changes while it runs, and the
 //! release of one stream's cached segments.
 
-use crate::config::{ModelConfig, ModelError};
-use crate::state;
-use crate::rules::Pool;
 use crate::Model;
+use crate::config::{ModelConfig, ModelError};
+use crate::rules::Pool;
+use crate::state;
 
 impl Model {
     /// Rule 24: the new configuration is in force from now on. Only the four run-time values

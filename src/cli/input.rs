@@ -7,11 +7,11 @@
 use std::path::{Path, PathBuf};
 
 use cachalot::Settings;
+use cachalot_tools::find_settings::{FoundChange, find_change};
 use cachalot_tools::replay::{
     H200_MEMORY, Recorded, RecordedError, ReplayOptions, ReplayProgram, ReplayReport, SnapshotExt,
     StartError, StartState, private_segments, replay_ops_from,
 };
-use cachalot_tools::find_settings::{FoundChange, find_change};
 use cachalot_tools::replay::{PYTORCH_LARGE_PAGE, RuntimeSettings, reconstruct_start_changed};
 use cachalot_tools::snapshot::{Figures, Snapshot, read_figures_for, read_snapshot};
 
@@ -262,7 +262,14 @@ impl Trace {
             return;
         };
         let capacity = self.capacity(None);
-        let found = find_change(&self.snapshot, self.device, &settings, capacity, &before, &after);
+        let found = find_change(
+            &self.snapshot,
+            self.device,
+            &settings,
+            capacity,
+            &before,
+            &after,
+        );
         if let Some(found) = found {
             self.start = Ok(found.start.clone());
             self.program = found.program.clone();
@@ -279,7 +286,12 @@ impl Trace {
         let bad = |e: String| CliError::input(format!("--settings-at {entry}:{conf}: {e}"));
         let after = RuntimeSettings::from_conf(conf).map_err(|e| bad(e.to_string()))?;
         let before = RuntimeSettings::from_conf("").map_err(|e| bad(e.to_string()))?;
-        let Some(t) = self.snapshot.traces.iter().find(|t| t.device == self.device) else {
+        let Some(t) = self
+            .snapshot
+            .traces
+            .iter()
+            .find(|t| t.device == self.device)
+        else {
             return Err(bad(format!("no trace for device {}", self.device)));
         };
         if entry > t.entries.len() {
@@ -306,7 +318,8 @@ impl Trace {
             ..StartState::default()
         };
         let options = ReplayOptions::from_settings(self.snapshot.allocator_settings.as_ref());
-        let (program, conversion) = replay_ops_from(t, &options, start.as_ref().unwrap_or(&unknown));
+        let (program, conversion) =
+            replay_ops_from(t, &options, start.as_ref().unwrap_or(&unknown));
         self.program = program.with_settings_change(entry, after.clone());
         self.conversion = conversion;
         self.start = start.clone();

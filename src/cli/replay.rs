@@ -25,9 +25,9 @@ use super::input::{self, Trace};
 use super::replay_report::{
     PytorchFigures, SelfCheckReport, StartReport, UnexplainedFrees, causes, inferred, start_report,
 };
+use super::{cuda, ops, plot, units};
 use cachalot_tools::find_settings::FoundChange;
 use cachalot_tools::replay::InferredPool;
-use super::{cuda, ops, plot, units};
 
 /// Where a replay runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -179,7 +179,10 @@ impl ReplayProgram {
     /// the later operations' segment offers shifted with them.
     pub fn with_settings_change(&self, entry: usize, change: RuntimeSettings) -> ReplayProgram {
         let mut p = self.clone();
-        let at = p.op_entries.partition_point(|&e| e < entry).min(p.ops.len());
+        let at = p
+            .op_entries
+            .partition_point(|&e| e < entry)
+            .min(p.ops.len());
         p.settings_changes.push(change);
         p.ops.insert(
             at,
@@ -429,7 +432,7 @@ fn infer_pool_releases(
             Action::Alloc => {
                 live.insert(e.addr);
                 if let Some((&a, &(size, key, pool))) = segs.range(..=e.addr).next_back()
-                    && e.addr < a + size
+                    && e.addr < a.saturating_add(size)
                 {
                     served.entry((a, key)).or_default().push(i);
                     if let Some(p) = pool {
@@ -742,7 +745,8 @@ pub fn replay_ops_from(
                         program.op_entries.push(i);
                     }
                     report.pool_releases += 1;
-                } else if before_oom || is_internal_release(trace, i, end, &reserved_before, peak, options)
+                } else if before_oom
+                    || is_internal_release(trace, i, end, &reserved_before, peak, options)
                 {
                     report.internal_releases += 1;
                 } else {

@@ -730,8 +730,7 @@ fn expandable_walk(
                         )));
                     }
                     (_, Some((fs, fsize, _, BlockStatus::Inactive, true))) => {
-                        let rounded =
-                            round_size(e.size.min(MAX_ALLOC_SIZE), &divisions_at(i));
+                        let rounded = round_size(e.size.min(MAX_ALLOC_SIZE), &divisions_at(i));
                         let fe = fs + fsize;
                         if rounded > fe - e.addr {
                             return Err(fail(format!(
