@@ -411,7 +411,9 @@ fn infer_pool_releases(
     // The allocations served from each segment (by key), and those into dumped pools.
     let mut served: HashMap<(u64, usize), Vec<usize>> = HashMap::new();
     let mut into_dumped: Vec<(usize, usize)> = Vec::new();
-    let mut runs: Vec<(usize, Vec<(u64, usize, u64)>)> = Vec::new();
+    // Per run taken for a release: its first entry and its segments (address, key, size).
+    type Released = Vec<(u64, usize, u64)>;
+    let mut runs: Vec<(usize, Released)> = Vec::new();
     let n = entries.len();
     let mut i = 0;
     while i < n {
