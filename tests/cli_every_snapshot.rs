@@ -284,6 +284,17 @@ fn a_mempool_deleted_before_the_dump_is_inferred_and_released() {
         pools[0]["bytes"],
         dev["memory_stats"]["reserved_bytes.all.freed"]
     );
+    // The ops format cannot say a pool's release: exporting is refused, not silently wrong.
+    let ops = std::env::temp_dir().join(format!("cachalot-every-{}-m.ops", std::process::id()));
+    let out = cachalot(&[
+        "replay",
+        path.to_str().unwrap(),
+        "--pytorch",
+        "--ops-out",
+        ops.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("private pool's release"));
 }
 
 /// A mid-run start under expandable segments, the pickle alone (no figures beside it): the

@@ -86,16 +86,28 @@ pub(super) fn inferred(trace: &Trace) -> Vec<String> {
             conf(&c.to),
         ));
     }
+    let mut dumped: Vec<(u64, u64)> = trace
+        .snapshot
+        .segments
+        .iter()
+        .filter(|s| s.device == trace.device && s.pool_id != (0, 0))
+        .map(|s| s.pool_id)
+        .collect();
+    dumped.sort_unstable();
+    dumped.dedup();
     for p in &trace.program.inferred_pools {
+        let which = match dumped.get(p.pool) {
+            Some(id) => format!("the dump's pool {id:?}, whose allocations they interleave with"),
+            None => "a pool of its own".to_string(),
+        };
         out.push(format!(
             "private pool released at trace entry {}: {} segments ({} B) given back with no \
              empty_cache() while a default segment stayed cached, as torch.cuda.MemPool's \
-             deletion does; its {} allocations were replayed in that pool (private pool {})",
+             deletion does; their {} allocations were replayed in {which}",
             p.entry,
             p.segments,
             grouped(p.bytes),
             p.allocations,
-            p.pool
         ));
     }
     out

@@ -27,6 +27,8 @@ use super::start::{StartError, StartState, reconstruct_start_paged};
 ///   completes the side stream's work here.
 /// - `EmptyCache`: the program called `torch.cuda.empty_cache()` (or PyTorch gave its cache back
 ///   while failing an allocation; see [`replay_ops_with`]).
+/// - `SetSettings { change }`: the program changed the allocator's settings (rule 24).
+/// - `ReleaseStream { stream }`: a private pool was released (rule 25).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ReplayOp {
     /// Allocate `size` requested bytes on `stream`, as handle `id`.
