@@ -17,6 +17,7 @@ mod cli;
 pub mod explain;
 pub mod export;
 pub mod find_fraction;
+pub mod find_settings;
 pub mod fit;
 pub mod ops;
 pub mod replay;

@@ -222,3 +222,47 @@ fn a_release_before_an_oom_is_left_to_the_failing_allocation() {
     );
     assert!(matches!(p.ops.last(), Some(&A { size, stream: 0, .. }) if size == 300 * MIB));
 }
+
+/// A run of segment frees that leaves a default segment with no live block cached is no
+/// `empty_cache()` (which would have given that one back too) and no allocation's own release
+/// (no device allocation follows): a private pool's release (a `torch.cuda.MemPool` deleted).
+/// Its segments' allocations go to a pool of their own, released there; a run that gives back
+/// every idle segment stays an `empty_cache()`.
+#[test]
+fn a_release_that_leaves_an_idle_default_segment_is_a_private_pools() {
+    let (pool_seg, default_seg) = (0x2000_0000, 0x3000_0000);
+    let t = trace(vec![
+        e(SegmentAlloc, default_seg, 2 * MIB, 0),
+        e(Alloc, default_seg, 4096, 0),
+        e(SegmentAlloc, pool_seg, 2 * MIB, 0),
+        e(Alloc, pool_seg, 4096, 0),
+        e(FreeRequested, default_seg, 4096, 0),
+        e(FreeCompleted, default_seg, 4096, 0),
+        e(FreeRequested, pool_seg, 4096, 0),
+        e(FreeCompleted, pool_seg, 4096, 0),
+        e(SegmentFree, pool_seg, 2 * MIB, 0),
+        e(Alloc, default_seg, 4096, 0),
+    ]);
+    let (p, r) = replay_ops_with(&t, &ReplayOptions::default());
+    assert_eq!(r.pool_releases, 1);
+    assert_eq!(r.empty_caches, 0);
+    assert_eq!(p.inferred_pools.len(), 1);
+    assert_eq!(p.inferred_pools[0].entry, 8);
+    assert_eq!(p.inferred_pools[0].allocations, 1);
+    let pool_stream = cachalot_tools::replay::private_stream(p.inferred_pools[0].pool, 0);
+    assert!(p.ops.contains(&A {
+        id: 1,
+        size: 4096,
+        stream: pool_stream
+    }));
+    assert!(p.ops.contains(&ReplayOp::ReleaseStream {
+        stream: pool_stream
+    }));
+    // Both idle segments given back: an empty_cache().
+    let mut all = t.entries.clone();
+    all.insert(9, e(SegmentFree, default_seg, 2 * MIB, 0));
+    all.pop();
+    let (p, r) = replay_ops_with(&trace(all), &ReplayOptions::default());
+    assert_eq!((r.pool_releases, r.empty_caches), (0, 1));
+    assert!(p.inferred_pools.is_empty() && p.ops.contains(&EmptyCache));
+}

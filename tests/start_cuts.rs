@@ -7,8 +7,8 @@
 //! - `oversize_max_split`: under `max_split_size_mb` a request at least that large takes a
 //!   whole cached block (rule 13 never splits it), whose size the trace does not say when the
 //!   block was allocated before the cut and freed after it;
-//! - `settings_runtime`: its settings changed at run time (the walk rounds by the final ones);
-//! - `mempool_mlp`: a private pool freed during the trace (its segments are not in the dump);
+//! - `settings_runtime`: its settings changed at run time (the walk from a cut rounds by the
+//!   final ones; the search of the change is the command line's, from the whole trace);
 //! - `fraction_oom_retry`: whether a cache release is PyTorch's own inside a failing
 //!   allocation is told by the peak over the window, which a cut right before the release
 //!   leaves out;
@@ -128,7 +128,6 @@ fn every_suffix_of_every_trace_is_rebuilt_and_replayed_to_its_dump() {
                 "gpt2_generate",
                 "oversize_max_split",
                 "settings_runtime",
-                "mempool_mlp",
                 "fraction_oom_retry",
                 "resnet50_fraction",
             ];
@@ -176,12 +175,7 @@ fn every_cut_of_every_trace_rebuilds_a_layout_pytorch_can_have() {
         for e in std::fs::read_dir(fixtures_root().join(dir)).unwrap() {
             let p = e.unwrap().path();
             let name = p.file_name().unwrap().to_string_lossy().to_string();
-            let skip = [
-                "gpt2_generate",
-                "oversize_max_split",
-                "settings_runtime",
-                "mempool_mlp",
-            ];
+            let skip = ["gpt2_generate", "oversize_max_split", "settings_runtime"];
             if (name.ends_with(".pickle") || name.ends_with(".pickle.gz"))
                 && !skip.iter().any(|s| name.starts_with(s))
             {

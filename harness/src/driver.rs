@@ -13,9 +13,21 @@
 //! the product's own replay interpreter ([`ReplayTarget`]), which this driver implements.
 
 use cachalot::{AdoptedRange, AdoptedSegment, StreamId};
-use cachalot_tools::replay::ReplayTarget;
+use cachalot_tools::replay::{ReplayTarget, RuntimeSettings};
 
-use crate::op::{Op, STREAMS, THREADS, ThreadOp, fraction};
+/// Rule 24's call for a replay's run-time settings.
+pub fn runtime_call(change: &RuntimeSettings) -> Call {
+    Call::SetRuntimeSettings {
+        max_split_size: change.max_split_size,
+        max_non_split_rounding_size: change.max_non_split_rounding_size,
+        garbage_collection_threshold: change.garbage_collection_threshold,
+        roundup_power2_divisions: change.roundup_power2_divisions,
+    }
+}
+
+use crate::op::{
+    Op, RUNTIME_DIVISIONS, RUNTIME_GC, RUNTIME_MAX_SPLIT_MB, STREAMS, THREADS, ThreadOp, fraction,
+};
 use crate::scenario::{Scenario, ThreadScenario};
 use crate::side::{
     Call, CoreSide, ModelSide, Observation, Outcome, Side, ThreadedSide, adoption_from_allocator,
@@ -125,6 +137,21 @@ impl Handles {
                 segment: range.resolve_range(),
             },
             Op::SetNextAddress { address } => Call::SetNextAddress { address },
+            Op::SetRuntimeSettings {
+                max_split,
+                divisions,
+                gc,
+            } => {
+                let pick = |table: &[u64], i: u8| table[usize::from(i) % table.len()];
+                let mb = pick(RUNTIME_MAX_SPLIT_MB, max_split);
+                Call::SetRuntimeSettings {
+                    max_split_size: if mb == 0 { u64::MAX } else { mb << 20 },
+                    max_non_split_rounding_size: 20 << 20,
+                    garbage_collection_threshold: RUNTIME_GC[usize::from(gc) % RUNTIME_GC.len()],
+                    roundup_power2_divisions: [pick(RUNTIME_DIVISIONS, divisions); 16],
+                }
+            }
+            Op::ReleaseStream { stream: s } => Call::ReleaseStream { stream: stream(s) },
         }
     }
 
@@ -421,5 +448,14 @@ impl<A: Side, B: Side> ReplayTarget for Driver<A, B> {
 
     fn offer_address(&mut self, address: Option<u64>) -> Result<(), ReplayStop> {
         self.replay_call(Call::SetNextAddress { address }).map(drop)
+    }
+
+    fn set_runtime_settings(&mut self, change: &RuntimeSettings) -> Result<(), ReplayStop> {
+        self.replay_call(runtime_call(change)).map(drop)
+    }
+
+    fn release_stream_cache(&mut self, stream: StreamId) -> Result<(), ReplayStop> {
+        self.replay_call(Call::ReleaseStream { stream: stream.0 })
+            .map(drop)
     }
 }

@@ -205,7 +205,10 @@ impl FaultHarness {
                 *o == Outcome::Ok(0)
             }
             (Call::Free { .. } | Call::RecordStream { .. }, o) => *o == Outcome::UnknownPointer,
-            (Call::EmptyCache { .. }, o) => matches!(o, Outcome::Ok(0) | Outcome::InjectedFault),
+            (Call::EmptyCache { .. } | Call::ReleaseStream { .. }, o) => {
+                matches!(o, Outcome::Ok(0) | Outcome::InjectedFault)
+            }
+            (Call::SetRuntimeSettings { .. }, o) => *o == Outcome::Ok(0),
             (Call::SetFraction { fraction, .. }, o) => {
                 *o == if (0.0..=1.0).contains(fraction) {
                     Outcome::Ok(0)
@@ -429,6 +432,24 @@ pub fn snapshot_reader(data: &[u8]) -> Result<(), String> {
     };
     // Converting the traces must not panic either; what it gives is the replay tests' concern.
     let _ = snapshot.replay_programs();
+    // The search of a settings change at run time (rule 24) on short traces: no panic either.
+    if let Some(conf) = snapshot.allocator_settings.as_ref().map(|s| &s.alloc_conf)
+        && let (Ok(before), Ok(after)) = (
+            cachalot_tools::replay::RuntimeSettings::from_conf(""),
+            cachalot_tools::replay::RuntimeSettings::from_conf(conf),
+        )
+    {
+        for t in snapshot.traces.iter().filter(|t| t.entries.len() <= 256) {
+            let _ = cachalot_tools::find_settings::find_change(
+                &snapshot,
+                t.device,
+                &cachalot::Settings::pytorch(),
+                1 << 34,
+                &before,
+                &after,
+            );
+        }
+    }
     let mut written = Vec::new();
     write_snapshot(&snapshot, &mut written)
         .map_err(|e| format!("a snapshot that read does not write: {e}"))?;

@@ -98,6 +98,35 @@ pub enum Op {
         /// The address, or `None`.
         address: Option<u64>,
     },
+    /// Change the run-time settings (rule 24): `max_split_size` of [`RUNTIME_MAX_SPLIT_MB`]
+    /// (`max_split % len`; 0 MiB: none), every interval's `roundup_power2_divisions` of
+    /// [`RUNTIME_DIVISIONS`], `garbage_collection_threshold` of [`RUNTIME_GC`].
+    SetRuntimeSettings {
+        /// Index into [`RUNTIME_MAX_SPLIT_MB`].
+        max_split: u8,
+        /// Index into [`RUNTIME_DIVISIONS`].
+        divisions: u8,
+        /// Index into [`RUNTIME_GC`].
+        gc: u8,
+    },
+    /// Give back the free whole segments of stream `stream % STREAMS` (rule 25).
+    ReleaseStream {
+        /// Stream index.
+        stream: u8,
+    },
+}
+
+/// The `max_split_size` values (MiB) a `SetRuntimeSettings` op sets; 0 is none.
+pub const RUNTIME_MAX_SPLIT_MB: &[u64] = &[0, 20, 32, 64, 128];
+/// The `roundup_power2_divisions` a `SetRuntimeSettings` op sets.
+pub const RUNTIME_DIVISIONS: &[u64] = &[0, 1, 2, 4, 8];
+/// The `garbage_collection_threshold` values a `SetRuntimeSettings` op sets; 0 is off.
+pub const RUNTIME_GC: &[f64] = &[0.0, 0.5, 0.8];
+
+/// Whether an operation is one the threaded side (the front end) does not offer: rules 24
+/// and 25 are the core's alone.
+pub fn core_only(op: &Op) -> bool {
+    matches!(op, Op::SetRuntimeSettings { .. } | Op::ReleaseStream { .. })
 }
 
 /// One step of a threaded scenario: an operation on a named thread, or a thread's own step.
@@ -286,6 +315,14 @@ pub const OPS: &Draws<Op> = &[
             range: AdoptSpec::arbitrary_range(u)?,
         })
     }),
+    (1, |u| {
+        Ok(Op::SetRuntimeSettings {
+            max_split: u.int_in_range(0..=(RUNTIME_MAX_SPLIT_MB.len() - 1) as u8)?,
+            divisions: u.int_in_range(0..=(RUNTIME_DIVISIONS.len() - 1) as u8)?,
+            gc: u.int_in_range(0..=(RUNTIME_GC.len() - 1) as u8)?,
+        })
+    }),
+    (1, |u| Ok(Op::ReleaseStream { stream: stream(u)? })),
 ];
 
 /// The streams of repeated requests: mostly stream 0.
@@ -296,10 +333,11 @@ pub const REPEATED_STREAMS: &Draws<u8> = &[(3, |_| Ok(0)), (1, stream)];
 /// flushes and thread exits.
 pub const THREAD_OPS: &Draws<ThreadOp> = &[
     (10, |u| {
-        Ok(ThreadOp::On {
-            thread: thread(u)?,
-            op: Op::arbitrary(u)?,
-        })
+        let thread = thread(u)?;
+        let op = Op::arbitrary(u)?;
+        // The front end offers neither rule 24 nor rule 25: an empty cache instead.
+        let op = if core_only(&op) { Op::EmptyCache } else { op };
+        Ok(ThreadOp::On { thread, op })
     }),
     (8, |u| {
         let thread = thread(u)?;

@@ -193,6 +193,18 @@ impl<S: Side> ReplayTarget for Solo<S> {
     fn offer_address(&mut self, address: Option<u64>) -> Result<(), Outcome> {
         self.call(Call::SetNextAddress { address }).map(drop)
     }
+
+    fn set_runtime_settings(
+        &mut self,
+        change: &cachalot_tools::replay::RuntimeSettings,
+    ) -> Result<(), Outcome> {
+        self.call(crate::driver::runtime_call(change)).map(drop)
+    }
+
+    fn release_stream_cache(&mut self, stream: StreamId) -> Result<(), Outcome> {
+        self.call(Call::ReleaseStream { stream: stream.0 })
+            .map(drop)
+    }
 }
 
 /// Runs `program` `passes` times in a row on the model configured by `knobs` alone (no

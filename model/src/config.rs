@@ -155,6 +155,12 @@ pub enum ModelError {
         /// Which check failed.
         reason: String,
     },
+    /// A run-time settings change (rule 24) that changes more than the four run-time values.
+    /// Nothing changed.
+    #[error(
+        "only max_split_size, max_non_split_rounding_size, garbage_collection_threshold and roundup_power2_divisions change at run time"
+    )]
+    UnsupportedChange,
     /// The device has no room for a segment to adopt (rule 18b). Nothing changed.
     #[error("cannot adopt {size} bytes: the device has {device_free} bytes free")]
     AdoptionOutOfMemory {

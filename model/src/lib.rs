@@ -23,6 +23,7 @@ mod policy;
 mod reclaim;
 mod release;
 mod rules;
+mod runtime;
 mod state;
 mod stats;
 mod stitching;

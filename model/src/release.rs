@@ -17,7 +17,7 @@ use crate::state::{self, FreeEntry};
 
 impl Model {
     /// Gives the segment at `address`, one free block, back to the device.
-    fn release_segment(&mut self, address: u64) {
+    pub(crate) fn release_segment(&mut self, address: u64) {
         let index = self
             .segments
             .iter()

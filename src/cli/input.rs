@@ -7,10 +7,12 @@
 use std::path::{Path, PathBuf};
 
 use cachalot::Settings;
+use cachalot_tools::find_settings::{FoundChange, find_change};
 use cachalot_tools::replay::{
     H200_MEMORY, Recorded, RecordedError, ReplayOptions, ReplayProgram, ReplayReport, SnapshotExt,
     StartError, StartState, private_segments, replay_ops_from,
 };
+use cachalot_tools::replay::{PYTORCH_LARGE_PAGE, RuntimeSettings, reconstruct_start_changed};
 use cachalot_tools::snapshot::{Figures, Snapshot, read_figures_for, read_snapshot};
 
 use super::error::CliError;
@@ -37,6 +39,9 @@ pub struct Trace {
     /// Set when the trace fits other allocator settings than the recorded ones (settings
     /// changed at run time): what the report says about it.
     pub settings_hint: Option<String>,
+    /// Where the settings changed at run time, when found (the program and the start are
+    /// then the change's).
+    pub settings_change: Option<FoundChange>,
 }
 
 impl Trace {
@@ -82,6 +87,12 @@ impl Trace {
             settings = rec
                 .apply_conf(settings)
                 .map_err(|e| self.recorded_error(e))?;
+            // Settings changed at run time: the replay starts under the earlier ones.
+            if let Some(c) = &self.settings_change {
+                let before = RuntimeSettings::from_conf(&c.from)
+                    .map_err(|e| CliError::input(format!("{}: {e}", self.name())))?;
+                settings = before.applied_to(&settings);
+            }
         }
         settings = rec
             .apply_fraction(settings)
@@ -90,6 +101,16 @@ impl Trace {
             settings = apply_config(&settings, conf)?;
         }
         Ok(settings)
+    }
+
+    /// The settings PyTorch ran under when recording began: the recorded ones, or, when the
+    /// program changed them at run time, those before the change.
+    pub fn recorded_start_settings(&self) -> Option<Settings> {
+        let s = self.recorded().settings().ok()?;
+        match &self.settings_change {
+            Some(c) => Some(RuntimeSettings::from_conf(&c.from).ok()?.applied_to(&s)),
+            None => Some(s),
+        }
     }
 
     /// A recorded setting that is not usable, as bad input naming the file it came from.
@@ -201,7 +222,7 @@ pub fn load(path: &Path, device: Option<usize>) -> Result<Trace, CliError> {
     } else {
         None
     };
-    Ok(Trace {
+    let mut trace = Trace {
         path: path.to_path_buf(),
         snapshot,
         device,
@@ -211,7 +232,123 @@ pub fn load(path: &Path, device: Option<usize>) -> Result<Trace, CliError> {
         figures,
         fraction: None,
         settings_hint,
-    })
+        settings_change: None,
+    };
+    if trace.settings_hint.is_some() {
+        trace.look_for_a_settings_change();
+    }
+    Ok(trace)
+}
+
+impl Trace {
+    /// Searches where the settings changed from PyTorch's defaults to the recorded ones
+    /// ([`find_change`]); when found, the trace's start and program become the change's.
+    pub fn look_for_a_settings_change(&mut self) {
+        let Ok(before) = RuntimeSettings::from_conf("") else {
+            return;
+        };
+        let Some(conf) = self
+            .snapshot
+            .allocator_settings
+            .as_ref()
+            .map(|s| s.alloc_conf.clone())
+        else {
+            return;
+        };
+        let Ok(after) = RuntimeSettings::from_conf(&conf) else {
+            return;
+        };
+        let Ok(settings) = self.recorded().settings() else {
+            return;
+        };
+        let capacity = self.capacity(None);
+        let found = find_change(
+            &self.snapshot,
+            self.device,
+            &settings,
+            capacity,
+            &before,
+            &after,
+        );
+        if let Some(found) = found {
+            self.start = Ok(found.start.clone());
+            self.program = found.program.clone();
+            self.settings_hint = None;
+            self.settings_change = Some(found);
+        }
+    }
+
+    /// The user's word (`--settings-at ENTRY:CONF`): the program put `conf` in force just
+    /// before trace entry `entry`, PyTorch's defaults before. The start is walked back and the
+    /// program built with that change, whether or not it reproduces the trace (the self-check
+    /// says); an entry beyond the trace is bad input.
+    pub fn settings_changed_at(&mut self, entry: usize, conf: &str) -> Result<(), CliError> {
+        let bad = |e: String| CliError::input(format!("--settings-at {entry}:{conf}: {e}"));
+        let after = RuntimeSettings::from_conf(conf).map_err(|e| bad(e.to_string()))?;
+        let before = RuntimeSettings::from_conf("").map_err(|e| bad(e.to_string()))?;
+        let Some(t) = self
+            .snapshot
+            .traces
+            .iter()
+            .find(|t| t.device == self.device)
+        else {
+            return Err(bad(format!("no trace for device {}", self.device)));
+        };
+        if entry > t.entries.len() {
+            return Err(bad(format!(
+                "the trace of device {} has {} entries (ENTRY is at most that)",
+                self.device,
+                t.entries.len()
+            )));
+        }
+        let start = reconstruct_start_changed(
+            t,
+            &self.snapshot.segments,
+            &before.roundup_power2_divisions,
+            &after.roundup_power2_divisions,
+            entry,
+            PYTORCH_LARGE_PAGE,
+        )
+        .map(|mut s| {
+            s.private_segments = private_segments(&self.snapshot.segments, self.device);
+            s
+        });
+        let unknown = StartState {
+            private_segments: private_segments(&self.snapshot.segments, self.device),
+            ..StartState::default()
+        };
+        let options = ReplayOptions::from_settings(self.snapshot.allocator_settings.as_ref());
+        let (program, conversion) =
+            replay_ops_from(t, &options, start.as_ref().unwrap_or(&unknown));
+        self.program = program.with_settings_change(entry, after.clone());
+        self.conversion = conversion;
+        self.start = start.clone();
+        self.settings_hint = None;
+        self.settings_change = Some(FoundChange {
+            first_entry: entry,
+            last_entry: entry,
+            from: before.conf,
+            to: after.conf,
+            replays: 0,
+            start: start.unwrap_or_default(),
+            program: self.program.clone(),
+        });
+        Ok(())
+    }
+}
+
+/// `--settings-at ENTRY:CONF`: a trace entry and a configuration string in
+/// PYTORCH_CUDA_ALLOC_CONF syntax (checked here, so a bad one exits 2 before anything runs).
+pub fn parse_settings_at(s: &str) -> Result<(usize, String), String> {
+    let (entry, conf) = s
+        .split_once(':')
+        .ok_or_else(|| format!("{s:?} is not ENTRY:CONF (e.g. 300:max_split_size_mb:32)"))?;
+    let entry: usize = entry
+        .trim()
+        .parse()
+        .map_err(|_| format!("{entry:?} is not a trace entry (a whole number)"))?;
+    RuntimeSettings::from_conf(conf).map_err(|e| format!("{conf:?}: {e}"))?;
+    Ok((entry, conf.to_string()))
 }
 
 fn list(devices: &[usize]) -> String {

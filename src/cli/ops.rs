@@ -7,7 +7,7 @@ use std::io::Write as _;
 use std::path::Path;
 
 use cachalot_tools::ops::OpsProgram;
-use cachalot_tools::replay::{ReplayConfig, StartMode};
+use cachalot_tools::replay::{ReplayConfig, ReplayOp, StartMode};
 
 use super::error::CliError;
 use super::input::Trace;
@@ -85,6 +85,19 @@ pub fn check_exportable(trace: &Trace, mode: StartMode) -> Result<(), CliError> 
              layout at that moment (adopted segment by segment), which no sequence of \
              allocations can rebuild in another allocator; add --start live-tensors to export \
              (and replay) the program from the tensors live when recording began",
+            trace.name()
+        )));
+    }
+    // The ops format replays one policy with no private pools: a settings change or a pool's
+    // release would be left out, and the program replayed elsewhere would not be this one.
+    let unexportable = trace.program.ops.iter().find_map(|op| match op {
+        ReplayOp::SetSettings { .. } => Some("a settings change at run time"),
+        ReplayOp::ReleaseStream { .. } => Some("a private pool's release"),
+        _ => None,
+    });
+    if let Some(what) = unexportable {
+        return Err(CliError::input(format!(
+            "{}: --ops-out: the program holds {what}, which the ops format cannot say",
             trace.name()
         )));
     }

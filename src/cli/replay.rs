@@ -23,9 +23,11 @@ use serde::Serialize;
 use super::error::CliError;
 use super::input::{self, Trace};
 use super::replay_report::{
-    PytorchFigures, SelfCheckReport, StartReport, UnexplainedFrees, causes, start_report,
+    PytorchFigures, SelfCheckReport, StartReport, UnexplainedFrees, causes, inferred, start_report,
 };
 use super::{cuda, ops, plot, units};
+use cachalot_tools::find_settings::FoundChange;
+use cachalot_tools::replay::InferredPool;
 
 /// Where a replay runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -119,6 +121,11 @@ pub struct ReplayArgs {
     /// operations.
     #[arg(long, value_name = "FILE")]
     pub ops_out: Option<PathBuf>,
+    /// The program called torch.cuda.memory._set_allocator_settings(CONF) just before trace
+    /// entry ENTRY (PyTorch's defaults before; no trace entry records it). Without it, a trace
+    /// that only fits such a change is searched for the entry.
+    #[arg(long, value_name = "ENTRY:CONF", value_parser = input::parse_settings_at)]
+    pub settings_at: Option<(usize, String)>,
 }
 
 /// A memory fraction: a number in [0, 1].
@@ -141,6 +148,9 @@ const PROGRESS_MIN_OPS: usize = 250_000;
 pub fn run(args: &ReplayArgs) -> Result<(), CliError> {
     let mut trace = input::load(&args.trace, args.device)?;
     trace.fraction = args.memory_fraction;
+    if let Some((entry, conf)) = &args.settings_at {
+        trace.settings_changed_at(*entry, conf)?;
+    }
     let settings = trace.settings(args.pytorch, args.pytorch, args.config.as_deref())?;
     let config = ReplayConfig {
         settings,
@@ -233,7 +243,7 @@ fn recorded_streams(snapshot: &mut Snapshot, recorded: &Snapshot, device: usize)
 pub fn start_mode(trace: &Trace, settings: &Settings) -> StartMode {
     match &trace.start {
         Err(_) => StartMode::Empty,
-        Ok(_) if trace.recorded().settings().ok().as_ref() == Some(settings) => StartMode::Exact,
+        Ok(_) if trace.recorded_start_settings().as_ref() == Some(settings) => StartMode::Exact,
         Ok(_) => StartMode::LiveTensors,
     }
 }
@@ -427,6 +437,12 @@ pub struct Report {
     /// memory-fraction cap that reproduces them if one was searched and found.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unexplained_frees: Option<UnexplainedFrees>,
+    /// Where the program changed its settings at run time, when found.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub settings_change: Option<FoundChange>,
+    /// Private pools released before the dump, inferred from the trace.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub inferred_pools: Vec<InferredPool>,
     /// PyTorch's own figures, when a sidecar was found.
     #[serde(flatten)]
     pub pytorch: Option<PytorchFigures>,
@@ -473,7 +489,10 @@ impl Report {
                 check: check_final_state(&out.final_layout, &trace.snapshot, trace.device),
                 causes: causes(trace, config, out),
                 start_rebuilt: trace.start.is_ok(),
+                inferred: inferred(trace),
             },
+            settings_change: trace.settings_change.clone(),
+            inferred_pools: trace.program.inferred_pools.clone(),
             unexplained_frees: None,
             pytorch: trace.figures.as_ref().map(|f| PytorchFigures::new(f, out)),
         }

@@ -49,6 +49,68 @@ pub struct SelfCheckReport {
     pub causes: Vec<String>,
     /// Whether the state when recording began was rebuilt (or nothing was held).
     pub start_rebuilt: bool,
+    /// What the replay inferred from the trace that no entry records (a settings change, a
+    /// private pool released before the dump), in a PyTorch user's words.
+    pub inferred: Vec<String>,
+}
+
+/// What the replay of `trace` inferred that the trace does not record (see
+/// [`SelfCheckReport::inferred`]).
+pub(super) fn inferred(trace: &Trace) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(c) = &trace.settings_change {
+        let conf = |s: &str| {
+            if s.is_empty() {
+                "PyTorch's defaults".to_string()
+            } else {
+                format!("\"{s}\"")
+            }
+        };
+        let at = if c.first_entry == c.last_entry {
+            format!("trace entry {}", c.first_entry)
+        } else {
+            format!(
+                "trace entry ~{} (any of entries {}..={} reproduces the trace)",
+                c.first_entry, c.first_entry, c.last_entry
+            )
+        };
+        let how = if c.replays == 0 {
+            "given with --settings-at".to_string()
+        } else {
+            format!("found in {} replays", c.replays)
+        };
+        out.push(format!(
+            "settings changed at run time: at {at}, from {} to {} \
+             (torch.cuda.memory._set_allocator_settings; {how})",
+            conf(&c.from),
+            conf(&c.to),
+        ));
+    }
+    let mut dumped: Vec<(u64, u64)> = trace
+        .snapshot
+        .segments
+        .iter()
+        .filter(|s| s.device == trace.device && s.pool_id != (0, 0))
+        .map(|s| s.pool_id)
+        .collect();
+    dumped.sort_unstable();
+    dumped.dedup();
+    for p in &trace.program.inferred_pools {
+        let which = match dumped.get(p.pool) {
+            Some(id) => format!("the dump's pool {id:?}, whose allocations they interleave with"),
+            None => "a pool of its own".to_string(),
+        };
+        out.push(format!(
+            "private pool released at trace entry {}: {} segments ({} B) given back with no \
+             empty_cache() while a default segment stayed cached, as torch.cuda.MemPool's \
+             deletion does; their {} allocations were replayed in {which}",
+            p.entry,
+            p.segments,
+            grouped(p.bytes),
+            p.allocations,
+        ));
+    }
+    out
 }
 
 /// Device frees in the trace that the replay does not make.
@@ -192,7 +254,14 @@ pub(super) fn causes(trace: &Trace, config: &ReplayConfig, out: &ReplayOutcome) 
         causes.push(hint.clone());
     }
     let private = dump.iter().filter(|s| s.pool_id != (0, 0)).count();
-    if private > 0 {
+    if private > 0 && !trace.program.inferred_pools.is_empty() {
+        causes.push(format!(
+            "private pools: {private} dumped segments belong to CUDA graphs' or \
+             torch.cuda.MemPool's pools, and a pool released before the dump was inferred from \
+             the trace; all are replayed in pools of their own; empty_cache() while a graph \
+             lives keeps its pool in PyTorch but not in the replay"
+        ));
+    } else if private > 0 {
         causes.push(format!(
             "private pools: {private} dumped segments belong to CUDA graphs' or \
              torch.cuda.MemPool's pools. Their blocks are replayed in pools of their own, but a \
@@ -344,9 +413,14 @@ impl SelfCheckReport {
             );
         }
         if c.matches {
+            let inferred: String = self
+                .inferred
+                .iter()
+                .map(|i| format!("\n           inferred: {i}"))
+                .collect();
             format!(
                 "the replay ends in the state PyTorch dumped: {} segments, {} blocks, block for \
-                 block",
+                 block{inferred}",
                 grouped(c.dump_segments as u64),
                 grouped(c.dump_blocks as u64)
             )

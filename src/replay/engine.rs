@@ -15,7 +15,7 @@ use cachalot::{
 use serde::Serialize;
 
 use super::interpret::{Executed, Interpreter, ReplayTarget, StartFailure};
-use super::program::ReplayProgram;
+use super::program::{ReplayProgram, RuntimeSettings};
 use super::start::StartMode;
 
 /// Operations between two progress reports.
@@ -323,6 +323,15 @@ impl<B: Backend, C: FnMut(&mut B, StreamId)> ReplayTarget for CoreTarget<'_, '_,
 
     fn empty_cache(&mut self) -> Result<(), Error> {
         self.core.empty_cache()
+    }
+
+    fn set_runtime_settings(&mut self, change: &RuntimeSettings) -> Result<(), Error> {
+        let settings = change.applied_to(self.core.settings());
+        self.core.set_runtime_settings(settings)
+    }
+
+    fn release_stream_cache(&mut self, stream: StreamId) -> Result<(), Error> {
+        self.core.release_stream_cache(stream)
     }
 
     fn adopt_segment(&mut self, segment: AdoptedSegment) -> Result<(), Error> {

@@ -10,7 +10,7 @@ use cachalot::sizes::Pool;
 use cachalot::snapshot::{BlockStatus, SegmentType};
 use cachalot::{AdoptedBlock, AdoptedRange, AdoptedSegment, AdoptedState, StreamId};
 
-use super::program::{ReplayOp, ReplayProgram};
+use super::program::{ReplayOp, ReplayProgram, RuntimeSettings};
 use super::start::StartMode;
 
 /// The stream ids the replayer uses for cross-stream frees: one per held-back block, above
@@ -66,6 +66,12 @@ pub trait ReplayTarget {
     /// Offers the device the trace's segment address for the operation about to run
     /// (`Some`), or withdraws it (`None`).
     fn offer_address(&mut self, address: Option<u64>) -> Result<(), Self::Error>;
+
+    /// Puts run-time settings in force (rule 24: `torch.cuda.memory._set_allocator_settings`).
+    fn set_runtime_settings(&mut self, change: &RuntimeSettings) -> Result<(), Self::Error>;
+
+    /// Gives back the free whole segments of `stream` (rule 25: a private pool's release).
+    fn release_stream_cache(&mut self, stream: StreamId) -> Result<(), Self::Error>;
 }
 
 /// What one operation did, for the replay engine's counts.
@@ -286,7 +292,15 @@ impl Interpreter {
                 offered = true;
             }
         }
-        let done = self.run(target, ops, i)?;
+        let done = match ops[i] {
+            ReplayOp::SetSettings { change } => {
+                if let Some(c) = program.settings_changes.get(change) {
+                    target.set_runtime_settings(c)?;
+                }
+                Executed::Other
+            }
+            _ => self.run(target, ops, i)?,
+        };
         if offered {
             target.offer_address(None)?;
         }
@@ -346,6 +360,12 @@ impl Interpreter {
                 target.empty_cache()?;
                 Executed::Other
             }
+            ReplayOp::ReleaseStream { stream } => {
+                target.release_stream_cache(StreamId(stream))?;
+                Executed::Other
+            }
+            // Run by `step`, which has the program's settings.
+            ReplayOp::SetSettings { .. } => Executed::Other,
         })
     }
 

@@ -35,12 +35,14 @@ pub use interpret::{
     Executed, Interpreter, ReplayTarget, StartFailure, is_side_stream, side_stream,
 };
 pub use program::{
-    InitialHandle, ReplayOp, ReplayOptions, ReplayProgram, ReplayReport, SnapshotExt,
-    private_stream, recorded_stream, replay_ops, replay_ops_from, replay_ops_with,
+    InferredPool, InitialHandle, ReplayOp, ReplayOptions, ReplayProgram, ReplayReport,
+    RuntimeSettings, SnapshotExt, private_stream, recorded_stream, replay_ops, replay_ops_from,
+    replay_ops_with,
 };
 pub use recorded::{Recorded, RecordedError};
 pub use start::{
-    PrivateSegment, StartBlock, StartError, StartMode, StartSegment, StartState, private_segments,
-    reconstruct_start, reconstruct_start_paged,
+    PYTORCH_LARGE_PAGE, PrivateSegment, StartBlock, StartError, StartMode, StartSegment,
+    StartState, private_segments, reconstruct_start, reconstruct_start_changed,
+    reconstruct_start_paged,
 };
 pub use step::Stepper;

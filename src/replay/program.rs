@@ -27,6 +27,8 @@ use super::start::{StartError, StartState, reconstruct_start_paged};
 ///   completes the side stream's work here.
 /// - `EmptyCache`: the program called `torch.cuda.empty_cache()` (or PyTorch gave its cache back
 ///   while failing an allocation; see [`replay_ops_with`]).
+/// - `SetSettings { change }`: the program changed the allocator's settings (rule 24).
+/// - `ReleaseStream { stream }`: a private pool was released (rule 25).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ReplayOp {
     /// Allocate `size` requested bytes on `stream`, as handle `id`.
@@ -50,6 +52,82 @@ pub enum ReplayOp {
     },
     /// Release every cached segment that is entirely free.
     EmptyCache,
+    /// The program changed the allocator's settings (`torch.cuda.memory._set_allocator_settings`,
+    /// rule 24): [`ReplayProgram::settings_changes`]`[change]` is in force from here on. No
+    /// trace entry records it: `cachalot replay` finds where it happened, or is told.
+    SetSettings {
+        /// Index into [`ReplayProgram::settings_changes`].
+        change: usize,
+    },
+    /// A private pool was released (a `torch.cuda.MemPool` deleted, rule 25): the free whole
+    /// segments of replay stream `stream` (a [`private_stream`]) go back to the device.
+    ReleaseStream {
+        /// The replay stream.
+        stream: u64,
+    },
+}
+
+/// Settings a program put in force while it ran (rule 24), as
+/// `torch.cuda.memory._set_allocator_settings(conf)` does in PyTorch 2.11: `max_split_size`,
+/// `roundup_power2_divisions` and `garbage_collection_threshold` go back to their defaults
+/// unless `conf` names them; `max_non_split_rounding_size` is `conf`'s or the default.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuntimeSettings {
+    /// The configuration string the program passed.
+    pub conf: String,
+    /// `max_split_size` in bytes (`u64::MAX`: none).
+    pub max_split_size: u64,
+    /// `max_non_split_rounding_size` in bytes.
+    pub max_non_split_rounding_size: u64,
+    /// `garbage_collection_threshold` (0: off).
+    pub garbage_collection_threshold: f64,
+    /// `roundup_power2_divisions`, per interval.
+    pub roundup_power2_divisions: [u64; 16],
+}
+
+// The threshold is validated by the settings' parser (0, or within (0, 1)): never NaN.
+impl Eq for RuntimeSettings {}
+
+impl RuntimeSettings {
+    /// The run-time values of `conf` parsed over PyTorch's defaults. Keys other than the four
+    /// run-time ones may appear (PyTorch ignores a change of most); they are not applied.
+    pub fn from_conf(conf: &str) -> Result<RuntimeSettings, cachalot::SettingsError> {
+        let s = cachalot::Settings::pytorch().apply(conf)?;
+        Ok(RuntimeSettings {
+            conf: conf.to_string(),
+            max_split_size: s.max_split_size,
+            max_non_split_rounding_size: s.max_non_split_rounding_size,
+            garbage_collection_threshold: s.garbage_collection_threshold,
+            roundup_power2_divisions: s.roundup_power2_divisions,
+        })
+    }
+
+    /// `settings` with these run-time values in force.
+    pub fn applied_to(&self, settings: &cachalot::Settings) -> cachalot::Settings {
+        let mut s = settings.clone();
+        s.max_split_size = self.max_split_size;
+        s.max_non_split_rounding_size = self.max_non_split_rounding_size;
+        s.garbage_collection_threshold = self.garbage_collection_threshold;
+        s.roundup_power2_divisions = self.roundup_power2_divisions;
+        s
+    }
+}
+
+/// A private pool released before the dump (a `torch.cuda.MemPool` deleted), inferred from the
+/// trace: its segments are in no dump.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct InferredPool {
+    /// The trace entry of the release (its first `segment_free`).
+    pub entry: usize,
+    /// The private pool's index: one of the dump's private pools when the pool's allocations
+    /// interleave with that pool's (one `use_mem_pool` context), else one after them.
+    pub pool: usize,
+    /// The segments released then.
+    pub segments: usize,
+    /// Their bytes.
+    pub bytes: u64,
+    /// The trace's allocations served from them.
+    pub allocations: usize,
 }
 
 /// What a replayer runs to reproduce one device's trace.
@@ -74,6 +152,11 @@ pub struct ReplayProgram {
     /// first `segment_free` of its run): nondecreasing, as long as `ops` when the program was
     /// converted from a trace (empty for a program built by hand).
     pub op_entries: Vec<usize>,
+    /// The settings each [`ReplayOp::SetSettings`] puts in force.
+    pub settings_changes: Vec<RuntimeSettings>,
+    /// Private pools released before the dump, inferred from the trace (their allocations are
+    /// replayed in pools of their own, released by [`ReplayOp::ReleaseStream`]).
+    pub inferred_pools: Vec<InferredPool>,
 }
 
 /// A block live when recording began, as a handle of a [`ReplayProgram`].
@@ -93,6 +176,33 @@ pub struct InitialHandle {
 }
 
 impl ReplayProgram {
+    /// This program with `change` put in force just before the first operation from trace
+    /// entry `entry` on (at the end when there is none): a [`ReplayOp::SetSettings`] inserted,
+    /// the later operations' segment offers shifted with them.
+    pub fn with_settings_change(&self, entry: usize, change: RuntimeSettings) -> ReplayProgram {
+        let mut p = self.clone();
+        let at = p
+            .op_entries
+            .partition_point(|&e| e < entry)
+            .min(p.ops.len());
+        p.settings_changes.push(change);
+        p.ops.insert(
+            at,
+            ReplayOp::SetSettings {
+                change: p.settings_changes.len() - 1,
+            },
+        );
+        if at <= p.op_entries.len() && !p.op_entries.is_empty() {
+            p.op_entries.insert(at, entry);
+        }
+        for s in &mut p.segment_at {
+            if s.0 >= at {
+                s.0 += 1;
+            }
+        }
+        p
+    }
+
     /// The number of handles (`Alloc` ops) in the program.
     pub fn num_handles(&self) -> usize {
         self.initial.len()
@@ -158,6 +268,9 @@ pub struct ReplayReport {
     pub live_at_end: usize,
     /// `oom` entries replayed as allocations that fail again.
     pub failed_allocs: usize,
+    /// Runs of `segment_free` entries taken for a private pool's release (a
+    /// `torch.cuda.MemPool` deleted, see [`ReplayProgram::inferred_pools`]).
+    pub pool_releases: usize,
     /// Entries with no replay meaning (`snapshot`, `segment_map`, `user_defined`, unknown
     /// actions).
     pub ignored_entries: usize,
@@ -253,6 +366,142 @@ pub fn replay_ops_with(
     replay_ops_from(trace, options, &StartState::default())
 }
 
+/// The private pools released before the dump that [`infer_pool_releases`] finds.
+#[derive(Default)]
+struct InferredReleases {
+    /// Per run of `segment_free` entries (its first entry) taken for a pool's release: the pool.
+    runs: HashMap<usize, usize>,
+    /// Per segment of such a pool — its address and the entry of its `segment_alloc`
+    /// (`usize::MAX` for one held at the start) — the pool.
+    segments: HashMap<(u64, usize), usize>,
+    /// What the report says about each.
+    pools: Vec<InferredPool>,
+}
+
+/// Finds the private pools released before the dump (a `torch.cuda.MemPool` deleted:
+/// PyTorch's `emptyCache(pool)` then gives back that pool's free whole segments and no
+/// other). A run of `segment_free` entries is taken for one when it is not followed by a
+/// `segment_alloc` or an `oom` (no allocation's own release) and, at that point, a segment of
+/// the default pools holds no live block and is not released (an `empty_cache()`, PyTorch's
+/// release on out-of-memory, would have given it back too; the garbage collector and rule 11
+/// release before a `segment_alloc`). The run's segments form the pool; it is one of the
+/// dump's private pools when an allocation into that pool falls between the first and the last
+/// allocation served from the run's segments (one `use_mem_pool` context), else a pool of its
+/// own. Recording that starts inside the pool's life (its segments made before) is handled
+/// alike: segments held at the start count as made then.
+fn infer_pool_releases(
+    entries: &[TraceEntry],
+    start: &StartState,
+    private: &HashMap<u64, (u64, usize)>,
+    last_alloc_of: &HashMap<u64, usize>,
+    last_free_of: &HashMap<u64, usize>,
+) -> InferredReleases {
+    // Segments live: address -> (size, key, dumped private pool).
+    let mut segs: BTreeMap<u64, (u64, usize, Option<usize>)> = BTreeMap::new();
+    for s in &start.segments {
+        if s.range.is_some() {
+            return InferredReleases::default();
+        }
+        let pool = private
+            .get(&s.address)
+            .filter(|&&(size, _)| size == s.size && !last_alloc_of.contains_key(&s.address))
+            .map(|&(_, p)| p);
+        segs.insert(s.address, (s.size, usize::MAX, pool));
+    }
+    let mut live: std::collections::BTreeSet<u64> =
+        start.live_blocks().map(|(_, b)| b.address).collect();
+    // The allocations served from each segment (by key), and those into dumped pools.
+    let mut served: HashMap<(u64, usize), Vec<usize>> = HashMap::new();
+    let mut into_dumped: Vec<(usize, usize)> = Vec::new();
+    // Per run taken for a release: its first entry and its segments (address, key, size).
+    type Released = Vec<(u64, usize, u64)>;
+    let mut runs: Vec<(usize, Released)> = Vec::new();
+    let n = entries.len();
+    let mut i = 0;
+    while i < n {
+        let e = &entries[i];
+        match e.action {
+            Action::SegmentMap | Action::SegmentUnmap => return InferredReleases::default(),
+            Action::SegmentAlloc => {
+                let pool = private
+                    .get(&e.addr)
+                    .filter(|&&(size, _)| {
+                        size == e.size
+                            && last_alloc_of.get(&e.addr) == Some(&i)
+                            && last_free_of.get(&e.addr).is_none_or(|&f| f < i)
+                    })
+                    .map(|&(_, p)| p);
+                segs.insert(e.addr, (e.size, i, pool));
+            }
+            Action::Alloc => {
+                live.insert(e.addr);
+                if let Some((&a, &(size, key, pool))) = segs.range(..=e.addr).next_back()
+                    && e.addr < a.saturating_add(size)
+                {
+                    served.entry((a, key)).or_default().push(i);
+                    if let Some(p) = pool {
+                        into_dumped.push((i, p));
+                    }
+                }
+            }
+            Action::FreeCompleted => {
+                live.remove(&e.addr);
+            }
+            Action::SegmentFree => {
+                let mut end = i;
+                let mut released = Vec::new();
+                while end < n && entries[end].action == Action::SegmentFree {
+                    if let Some((size, key, _)) = segs.remove(&entries[end].addr) {
+                        released.push((entries[end].addr, key, size));
+                    }
+                    end += 1;
+                }
+                let retry = entries
+                    .get(end)
+                    .is_some_and(|x| matches!(x.action, Action::SegmentAlloc | Action::Oom));
+                let idle_default = segs.iter().any(|(&a, &(size, _, pool))| {
+                    pool.is_none() && live.range(a..a.saturating_add(size)).next().is_none()
+                });
+                if !retry && idle_default && !released.is_empty() {
+                    runs.push((i, released));
+                }
+                i = end;
+                continue;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    let dumped = private.values().map(|&(_, p)| p + 1).max().unwrap_or(0);
+    let mut out = InferredReleases::default();
+    for (j, (entry, released)) in runs.into_iter().enumerate() {
+        let times: Vec<usize> = released
+            .iter()
+            .flat_map(|&(a, key, _)| served.get(&(a, key)).cloned().unwrap_or_default())
+            .collect();
+        let window = times.iter().min().zip(times.iter().max());
+        let joined = window.and_then(|(&lo, &hi)| {
+            into_dumped
+                .iter()
+                .find(|&&(t, _)| lo <= t && t <= hi)
+                .map(|&(_, p)| p)
+        });
+        let pool = joined.unwrap_or(dumped + j);
+        for &(a, key, _) in &released {
+            out.segments.insert((a, key), pool);
+        }
+        out.runs.insert(entry, pool);
+        out.pools.push(InferredPool {
+            entry,
+            pool,
+            segments: released.len(),
+            bytes: released.iter().map(|r| r.2).sum(),
+            allocations: times.len(),
+        });
+    }
+    out
+}
+
 /// [`replay_ops_with`] for a trace whose recording began in state `start` (see
 /// [`reconstruct_start`](super::start::reconstruct_start)): the blocks live then become the program's
 /// first handles ([`ReplayProgram::initial`]), so the trace's frees of them are replayed.
@@ -304,13 +553,15 @@ pub fn replay_ops_from(
             _ => {}
         }
     }
+    let inferred = infer_pool_releases(entries, start, &private, &last_alloc_of, &last_free_of);
     let mut segments: BTreeMap<u64, (u64, Option<usize>)> = BTreeMap::new();
     let mut start = start.clone();
     for s in &mut start.segments {
         let pool = private
             .get(&s.address)
             .filter(|&&(size, _)| size == s.size && !last_alloc_of.contains_key(&s.address))
-            .map(|&(_, p)| p);
+            .map(|&(_, p)| p)
+            .or_else(|| inferred.segments.get(&(s.address, usize::MAX)).copied());
         if let Some(p) = pool {
             s.stream = private_stream(p, s.stream);
         }
@@ -327,6 +578,7 @@ pub fn replay_ops_from(
     let mut live: HashMap<u64, Live> = HashMap::new();
     let mut program = ReplayProgram {
         start: start.clone(),
+        inferred_pools: inferred.pools.clone(),
         ..ReplayProgram::default()
     };
     let mut report = ReplayReport::default();
@@ -429,7 +681,8 @@ pub fn replay_ops_from(
                             && last_alloc_of.get(&e.addr) == Some(&i)
                             && last_free_of.get(&e.addr).is_none_or(|&f| f < i)
                     })
-                    .map(|&(_, p)| p);
+                    .map(|&(_, p)| p)
+                    .or_else(|| inferred.segments.get(&(e.addr, i)).copied());
                 segments.insert(e.addr, (e.size, pool));
             }
             Action::SegmentMap => {
@@ -481,7 +734,23 @@ pub fn replay_ops_from(
                     end += 1;
                 }
                 let before_oom = entries.get(end).is_some_and(|e| e.action == Action::Oom);
-                if before_oom || is_internal_release(trace, i, end, &reserved_before, peak, options)
+                if let Some(&pool) = inferred.runs.get(&i) {
+                    // A private pool's release: its free whole segments, stream by stream.
+                    let mut streams: Vec<u64> = Vec::new();
+                    for x in &entries[i..end] {
+                        if !streams.contains(&x.stream) {
+                            streams.push(x.stream);
+                        }
+                    }
+                    for s in streams {
+                        program.ops.push(ReplayOp::ReleaseStream {
+                            stream: private_stream(pool, s),
+                        });
+                        program.op_entries.push(i);
+                    }
+                    report.pool_releases += 1;
+                } else if before_oom
+                    || is_internal_release(trace, i, end, &reserved_before, peak, options)
                 {
                     report.internal_releases += 1;
                 } else {

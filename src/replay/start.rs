@@ -205,11 +205,60 @@ pub fn reconstruct_start_paged(
     divisions: &[u64; 16],
     large_page: u64,
 ) -> Result<StartState, StartError> {
+    walk(trace, segments, &|_| *divisions, large_page)
+}
+
+/// [`reconstruct_start_paged`] for a trace whose program changed its settings at trace entry
+/// `change` (`torch.cuda.memory._set_allocator_settings`, rule 24): a block the trace
+/// allocated before that entry (or before recording began) was rounded by `before`, a later
+/// one by `after`.
+pub fn reconstruct_start_changed(
+    trace: &DeviceTrace,
+    segments: &[SegmentState],
+    before: &[u64; 16],
+    after: &[u64; 16],
+    change: usize,
+    large_page: u64,
+) -> Result<StartState, StartError> {
+    // The entry of the allocation behind each free_completed.
+    let mut last_alloc: BTreeMap<u64, usize> = BTreeMap::new();
+    let mut allocated_at = vec![usize::MAX; trace.entries.len()];
+    for (i, e) in trace.entries.iter().enumerate() {
+        match e.action {
+            Action::Alloc => {
+                last_alloc.insert(e.addr, i);
+            }
+            Action::FreeCompleted => {
+                if let Some(a) = last_alloc.remove(&e.addr) {
+                    allocated_at[i] = a;
+                }
+            }
+            _ => {}
+        }
+    }
+    let at = |i: usize| {
+        let a = allocated_at.get(i).copied().unwrap_or(usize::MAX);
+        if a == usize::MAX || a < change {
+            *before
+        } else {
+            *after
+        }
+    };
+    walk(trace, segments, &at, large_page)
+}
+
+/// The backward walk, with the `roundup_power2_divisions` of the block each entry names.
+fn walk(
+    trace: &DeviceTrace,
+    segments: &[SegmentState],
+    divisions_at: &dyn Fn(usize) -> [u64; 16],
+    large_page: u64,
+) -> Result<StartState, StartError> {
     let mine = || segments.iter().filter(|s| s.device == trace.device);
     if mine().any(|s| s.is_expandable) {
         // A range the walk cannot follow (one given back during the trace) is no obstacle
         // when nothing was held before the trace: the empty start.
-        return expandable_walk(trace, segments, divisions, large_page)
+        return expandable_walk(trace, segments, divisions_at, large_page)
             .or_else(|walk| expandable_start(trace, segments).map_err(|_| walk));
     }
     let mut state: BTreeMap<u64, Seg> = BTreeMap::new();
@@ -348,7 +397,7 @@ pub fn reconstruct_start_paged(
                         e.addr
                     )));
                 }
-                let rounded = round_size(e.size.min(MAX_ALLOC_SIZE), divisions);
+                let rounded = round_size(e.size.min(MAX_ALLOC_SIZE), &divisions_at(i));
                 let rest = fe - e.addr;
                 if rounded > rest {
                     return Err(fail(format!(
@@ -536,7 +585,7 @@ impl WalkRange {
 fn expandable_walk(
     trace: &DeviceTrace,
     segments: &[SegmentState],
-    divisions: &[u64; 16],
+    divisions_at: &dyn Fn(usize) -> [u64; 16],
     large_page: u64,
 ) -> Result<StartState, StartError> {
     let page_of = |pool: SegmentType| match pool {
@@ -681,7 +730,7 @@ fn expandable_walk(
                         )));
                     }
                     (_, Some((fs, fsize, _, BlockStatus::Inactive, true))) => {
-                        let rounded = round_size(e.size.min(MAX_ALLOC_SIZE), divisions);
+                        let rounded = round_size(e.size.min(MAX_ALLOC_SIZE), &divisions_at(i));
                         let fe = fs + fsize;
                         if rounded > fe - e.addr {
                             return Err(fail(format!(

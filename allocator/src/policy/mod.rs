@@ -25,6 +25,7 @@ pub(crate) mod alias;
 use alias::PageTable;
 mod expandable;
 mod release;
+mod runtime;
 pub(crate) mod views;
 
 use views::Views;

@@ -62,7 +62,7 @@ impl<B: Backend> CachingCore<B> {
     }
 
     /// Gives a free, whole-segment block back to the device.
-    fn release_segment(&mut self, id: BlockId) -> Result<(), Error> {
+    pub(super) fn release_segment(&mut self, id: BlockId) -> Result<(), Error> {
         let (address, size, pool, stream) = {
             let b = self.blocks.get(id);
             debug_assert!(!b.is_split() && b.state == BlockPhase::Free);

@@ -171,6 +171,7 @@ pub(super) fn outcome<T>(r: Result<T, Error>, value: impl Fn(T) -> u64) -> Outco
         Err(Error::UnknownPointer { .. }) => Outcome::UnknownPointer,
         Err(Error::InvalidFraction { .. }) => Outcome::InvalidFraction,
         Err(Error::InvalidAdoption { .. }) => Outcome::InvalidAdoption,
+        Err(Error::Unsupported { .. }) => Outcome::Unsupported,
         Err(Error::Backend(BackendError::OutOfMemory)) => Outcome::AdoptionOutOfMemory,
         Err(e) if injected(&e) => Outcome::InjectedFault,
         Err(e) => Outcome::Other(e.to_string()),
@@ -316,6 +317,22 @@ impl Side for CoreSide {
             }
             Call::EmptyCache { .. } => outcome(c.empty_cache(), |()| 0),
             Call::SetFraction { fraction, .. } => outcome(c.set_memory_fraction(fraction), |()| 0),
+            Call::SetRuntimeSettings {
+                max_split_size,
+                max_non_split_rounding_size,
+                garbage_collection_threshold,
+                roundup_power2_divisions,
+            } => {
+                let mut settings = c.settings().clone();
+                settings.max_split_size = max_split_size;
+                settings.max_non_split_rounding_size = max_non_split_rounding_size;
+                settings.garbage_collection_threshold = garbage_collection_threshold;
+                settings.roundup_power2_divisions = roundup_power2_divisions;
+                outcome(c.set_runtime_settings(settings), |()| 0)
+            }
+            Call::ReleaseStream { stream } => {
+                outcome(c.release_stream_cache(StreamId(stream)), |()| 0)
+            }
             Call::FailDeviceAllocs { n } => {
                 c.backend_mut().fail_next_allocs(n);
                 Outcome::Ok(0)

@@ -79,6 +79,22 @@ pub enum Call {
         /// The address, or `None` to clear it.
         address: Option<u64>,
     },
+    /// Put the run-time settings in force (rule 24): the other settings stay.
+    SetRuntimeSettings {
+        /// `max_split_size` in bytes (`u64::MAX`: none).
+        max_split_size: u64,
+        /// `max_non_split_rounding_size` in bytes.
+        max_non_split_rounding_size: u64,
+        /// `garbage_collection_threshold` (0: off).
+        garbage_collection_threshold: f64,
+        /// `roundup_power2_divisions`, per interval.
+        roundup_power2_divisions: [u64; 16],
+    },
+    /// Give back the free whole segments of `stream` (rule 25).
+    ReleaseStream {
+        /// The stream.
+        stream: u64,
+    },
     /// `thread` frees the blocks its cache keeps (rule 17d).
     FlushThread {
         /// The thread.
@@ -117,6 +133,8 @@ pub enum Outcome {
     UnknownPointer,
     /// A memory fraction outside [0, 1].
     InvalidFraction,
+    /// A setting the call may not change (rule 24).
+    Unsupported,
     /// A segment to adopt that fails rule 18a's checks.
     InvalidAdoption,
     /// A segment to adopt that the device has no room for (rule 18b).

@@ -94,6 +94,7 @@ fn outcome<T>(r: Result<T, ModelError>, value: impl Fn(T) -> u64) -> Outcome {
         Err(ModelError::InvalidFraction { .. }) => Outcome::InvalidFraction,
         Err(ModelError::InvalidAdoption { .. }) => Outcome::InvalidAdoption,
         Err(ModelError::AdoptionOutOfMemory { .. }) => Outcome::AdoptionOutOfMemory,
+        Err(ModelError::UnsupportedChange) => Outcome::Unsupported,
     }
 }
 
@@ -167,6 +168,25 @@ impl Side for ModelSide {
                 Outcome::Ok(0)
             }
             Call::SetFraction { fraction, .. } => outcome(m.set_memory_fraction(fraction), |()| 0),
+            Call::SetRuntimeSettings {
+                max_split_size,
+                max_non_split_rounding_size,
+                garbage_collection_threshold,
+                roundup_power2_divisions,
+            } => {
+                let config = cachalot_model::ModelConfig {
+                    max_split_size,
+                    max_non_split_rounding_size,
+                    garbage_collection_threshold,
+                    roundup_power2_divisions,
+                    ..m.config().clone()
+                };
+                outcome(m.set_runtime_settings(config), |()| 0)
+            }
+            Call::ReleaseStream { stream } => {
+                m.release_stream_cache(stream);
+                Outcome::Ok(0)
+            }
             Call::FailDeviceAllocs { n } => {
                 m.fail_next_device_allocs(n);
                 Outcome::Ok(0)

@@ -133,6 +133,10 @@ impl Side for ThreadedSide {
                     .run(move |a| a.set_memory_fraction(fraction)),
                 |()| 0,
             ),
+            // Rules 24 and 25 are the core's alone: the threaded scenarios never draw them.
+            Call::SetRuntimeSettings { .. } | Call::ReleaseStream { .. } => {
+                Outcome::Other("not offered by the front end".to_string())
+            }
             Call::FlushThread { thread } => {
                 self.worker(thread).run(|a| a.flush_thread_cache());
                 Outcome::Ok(0)
