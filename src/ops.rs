@@ -40,6 +40,9 @@
 //! at once with an `r` line, completing at the trace's `c`. PyTorch's cached layout (the
 //! `exact` start, adopted segment by segment) cannot be written as operations: `--ops-out`
 //! refuses it, and `--start live-tensors` exports (and replays) the live-tensors form.
+//! A settings change at run time and a private pool's release (found by `cachalot replay`)
+//! have no line either: the program is written without them, under a `left_out` header line
+//! that says so (its allocations then run under one policy, in the default pools).
 //!
 //! A file is refused, naming the file and the line, when its first line is not the format's,
 //! a line is not one of the operations above with its numbers, a handle is allocated again

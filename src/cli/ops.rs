@@ -55,11 +55,38 @@ pub fn render(trace: &Trace, config: &ReplayConfig) -> String {
         ("start_allocs", start_allocs.to_string()),
         ("allocs", allocs.to_string()),
     ];
+    let left_out = left_out(trace);
     ops.header = header
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
+        .chain(left_out.map(|l| ("left_out".to_string(), l)))
         .collect();
     ops.render()
+}
+
+/// What the program holds that the ops format has no line for (one policy per run, no private
+/// pools): a settings change at run time and a private pool's release are left out of the
+/// written program, which then runs every allocation under one policy, in the default pools —
+/// the same operations, for a benchmark, but not the replay that reproduces PyTorch's dump.
+/// `None` when nothing is left out.
+pub fn left_out(trace: &Trace) -> Option<String> {
+    let count = |f: fn(&ReplayOp) -> bool| trace.program.ops.iter().filter(|op| f(op)).count();
+    let settings = count(|op| matches!(op, ReplayOp::SetSettings { .. }));
+    let pools = count(|op| matches!(op, ReplayOp::ReleaseStream { .. }));
+    let mut parts = Vec::new();
+    if settings > 0 {
+        parts.push(format!("{settings} settings change(s) at run time"));
+    }
+    if pools > 0 {
+        parts.push(format!("{pools} private pool release(s)"));
+    }
+    (!parts.is_empty()).then(|| {
+        format!(
+            "{} (the ops format has no line for them: every allocation runs under one policy, \
+             in the default pools)",
+            parts.join(", ")
+        )
+    })
 }
 
 /// Writes [`render`]'s text to `path`.
@@ -85,19 +112,6 @@ pub fn check_exportable(trace: &Trace, mode: StartMode) -> Result<(), CliError> 
              layout at that moment (adopted segment by segment), which no sequence of \
              allocations can rebuild in another allocator; add --start live-tensors to export \
              (and replay) the program from the tensors live when recording began",
-            trace.name()
-        )));
-    }
-    // The ops format replays one policy with no private pools: a settings change or a pool's
-    // release would be left out, and the program replayed elsewhere would not be this one.
-    let unexportable = trace.program.ops.iter().find_map(|op| match op {
-        ReplayOp::SetSettings { .. } => Some("a settings change at run time"),
-        ReplayOp::ReleaseStream { .. } => Some("a private pool's release"),
-        _ => None,
-    });
-    if let Some(what) = unexportable {
-        return Err(CliError::input(format!(
-            "{}: --ops-out: the program holds {what}, which the ops format cannot say",
             trace.name()
         )));
     }

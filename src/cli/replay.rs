@@ -180,6 +180,12 @@ pub fn run(args: &ReplayArgs) -> Result<(), CliError> {
     if let Some(path) = &args.ops_out {
         ops::check_exportable(&trace, config.start)?;
         ops::write(path, &trace, &config)?;
+        if let Some(left_out) = ops::left_out(&trace) {
+            eprintln!(
+                "cachalot: {}: --ops-out left out {left_out}",
+                path.display()
+            );
+        }
     }
     let run = execute(&trace, &config, args.backend, args.gpu)?;
     let mut report = Report::new(&trace, &config, &run);
