@@ -56,14 +56,11 @@ struct Kept {
     stream: AtomicU64,
 }
 
-/// A ring of blocks, oldest first, with its start and length: the `Local`'s parked blocks,
-/// or its recent live ones. Taking the oldest out (a full cache's eviction) and the newest
-/// (a hit pair) moves nothing; taking one from the middle moves the newer ones down.
+/// An array of blocks, oldest first, with its length: the `Local`'s parked blocks, or its
+/// recent live ones.
 #[derive(Debug)]
 struct Blocks {
     entries: Box<[Kept]>,
-    /// Where the oldest block is.
-    head: AtomicUsize,
     len: AtomicUsize,
 }
 
@@ -73,7 +70,6 @@ impl Blocks {
     fn new(capacity: usize) -> Blocks {
         Blocks {
             entries: (0..capacity).map(|_| Kept::default()).collect(),
-            head: AtomicUsize::new(0),
             len: AtomicUsize::new(0),
         }
     }
@@ -83,17 +79,9 @@ impl Blocks {
         self.len.load(R)
     }
 
-    /// The slot of the `i`-th oldest block.
-    #[inline]
-    fn slot(&self, i: usize) -> &Kept {
-        let at = self.head.load(R) + i;
-        let cap = self.entries.len();
-        &self.entries[if at >= cap { at - cap } else { at }]
-    }
-
     #[inline]
     fn get(&self, i: usize) -> (u64, Meta) {
-        let e = self.slot(i);
+        let e = &self.entries[i];
         let meta = Meta {
             stream: StreamId(e.stream.load(R)),
             requested: e.requested.load(R),
@@ -104,7 +92,7 @@ impl Blocks {
 
     #[inline]
     fn set(&self, i: usize, address: u64, meta: Meta) {
-        let e = self.slot(i);
+        let e = &self.entries[i];
         e.address.store(address, R);
         e.requested.store(meta.requested, R);
         e.stream.store(meta.stream.0, R);
@@ -124,22 +112,15 @@ impl Blocks {
     fn remove(&self, i: usize) -> (u64, Meta) {
         let out = self.get(i);
         let n = self.len();
-        if i == 0 {
-            let next = self.head.load(R) + 1;
-            let cap = self.entries.len();
-            self.head
-                .store(if next >= cap { next - cap } else { next }, R);
-        } else {
-            for j in i + 1..n {
-                let (a, m) = self.get(j);
-                self.set(j - 1, a, m);
-            }
+        for j in i + 1..n {
+            let (a, m) = self.get(j);
+            self.set(j - 1, a, m);
         }
         self.len.store(n - 1, R);
         out
     }
 
-    /// Empties the ring.
+    /// Empties the array.
     #[inline]
     fn clear(&self) {
         self.len.store(0, R);
@@ -150,14 +131,14 @@ impl Blocks {
     fn find(&self, address: u64) -> Option<usize> {
         (0..self.len())
             .rev()
-            .find(|&i| self.slot(i).address.load(R) == address)
+            .find(|&i| self.entries[i].address.load(R) == address)
     }
 
     /// The position of the newest block of `stream` whose request was `size` bytes.
     #[inline]
     fn find_request(&self, size: u64, stream: StreamId) -> Option<usize> {
         (0..self.len()).rev().find(|&i| {
-            let e = self.slot(i);
+            let e = &self.entries[i];
             e.requested.load(R) == size && e.stream.load(R) == stream.0
         })
     }
