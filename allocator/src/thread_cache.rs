@@ -120,6 +120,19 @@ impl Blocks {
         out
     }
 
+    /// Takes block `i` out, the last block taking its place (the order is not kept).
+    #[inline]
+    fn swap_remove(&self, i: usize) -> (u64, Meta) {
+        let out = self.get(i);
+        let last = self.len() - 1;
+        if i != last {
+            let (a, m) = self.get(last);
+            self.set(i, a, m);
+        }
+        self.len.store(last, R);
+        out
+    }
+
     /// Empties the array.
     #[inline]
     fn clear(&self) {
@@ -160,10 +173,12 @@ pub(crate) struct Local {
     id: u64,
     /// Parked blocks, oldest first: at most the configured `N`.
     parked: Blocks,
-    /// The live blocks handed out most recently, oldest first, none used on another stream:
+    /// The live blocks handed out most recently (in no order), none used on another stream:
     /// the ones the fast path of `free` may park without the shared lock. The thread's other
     /// live blocks are known only to the owner map (under the shared lock).
     recent: Blocks,
+    /// The recent array's next slot to replace when it is full.
+    victim: AtomicUsize,
 }
 
 impl Local {
@@ -174,6 +189,7 @@ impl Local {
             id,
             parked: Blocks::new(n),
             recent: Blocks::new(n.clamp(1, RECENT_LIVE)),
+            victim: AtomicUsize::new(0),
         }
     }
 
@@ -243,15 +259,20 @@ impl Held<'_> {
         Some(address)
     }
 
-    /// Notes a clean live block as the most recent; when the array is full its least recent
-    /// block leaves it (the owner map still knows it).
+    /// Notes a clean live block as a recent one; when the array is full the block in the
+    /// slot after the last one replaced this way leaves it (round robin: the owner map still
+    /// knows it, and a free of it is decided under the shared lock). The array keeps no order.
     #[inline]
     pub fn push_recent(&self, address: u64, meta: Meta) {
         let recent = &self.local.recent;
-        if recent.len() == recent.entries.len() {
-            recent.remove(0);
+        let n = recent.len();
+        if n < recent.entries.len() {
+            recent.push(address, meta);
+        } else {
+            let victim = self.local.victim.load(R) % n;
+            self.local.victim.store(victim + 1, R);
+            recent.set(victim, address, meta);
         }
-        recent.push(address, meta);
     }
 
     /// Parks `address` if it is one of the recent live blocks (the caller made room: fewer
@@ -261,7 +282,7 @@ impl Held<'_> {
         let Some(i) = self.local.recent.find(address) else {
             return false;
         };
-        let (a, m) = self.local.recent.remove(i);
+        let (a, m) = self.local.recent.swap_remove(i);
         self.local.parked.push(a, m);
         true
     }
@@ -282,7 +303,7 @@ impl Held<'_> {
     /// used on another stream: the fast path must not park it).
     pub fn forget_recent(&self, address: u64) {
         if let Some(i) = self.local.recent.find(address) {
-            self.local.recent.remove(i);
+            self.local.recent.swap_remove(i);
         }
     }
 
