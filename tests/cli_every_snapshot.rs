@@ -44,6 +44,25 @@ fn sidecar(name: &str) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
+/// `cachalot replay PATH --pytorch --json` with `extra` arguments: the report.
+fn replay(path: &std::path::Path, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["replay", path.to_str().unwrap(), "--pytorch", "--json"];
+    args.extend_from_slice(extra);
+    json(&cachalot(&args))
+}
+
+/// The report's peaks are PyTorch's (`dev`: the sidecar's device) to the byte, and the
+/// replay ends in the dump.
+fn assert_pytorchs_figures(report: &serde_json::Value, dev: &serde_json::Value) {
+    assert_eq!(report["peak_reserved_bytes"], dev["max_memory_reserved"]);
+    assert_eq!(report["peak_allocated_bytes"], dev["max_memory_allocated"]);
+    assert_eq!(
+        report["self_check"]["matches"], true,
+        "{}",
+        report["self_check"]
+    );
+}
+
 #[test]
 fn frees_nothing_explains_are_named_and_the_fraction_is_found() {
     let path = alone("resnet50_fraction");
@@ -166,15 +185,8 @@ fn a_settings_change_at_run_time_is_found_where_the_program_made_it() {
     let side = sidecar(name);
     let dev = &side["devices"][0];
     let path = alone(name);
-    let report = json(&cachalot(&[
-        "replay",
-        path.to_str().unwrap(),
-        "--pytorch",
-        "--json",
-    ]));
-    assert_eq!(report["peak_reserved_bytes"], dev["max_memory_reserved"]);
-    assert_eq!(report["peak_allocated_bytes"], dev["max_memory_allocated"]);
-    assert_eq!(report["self_check"]["matches"], true);
+    let report = replay(&path, &[]);
+    assert_pytorchs_figures(&report, dev);
     let change = &report["settings_change"];
     assert_eq!(change["from"], "");
     assert_eq!(change["to"], side["settings_changed_to"]);
@@ -198,25 +210,10 @@ fn a_settings_change_at_run_time_is_found_where_the_program_made_it() {
     // Said by the user instead, at that entry: the same figures; at an entry far before it,
     // the walk back fails and the self-check does not pass.
     let conf = format!("{first}:{}", side["settings_changed_to"].as_str().unwrap());
-    let given = json(&cachalot(&[
-        "replay",
-        path.to_str().unwrap(),
-        "--pytorch",
-        "--json",
-        "--settings-at",
-        &conf,
-    ]));
-    assert_eq!(given["peak_reserved_bytes"], dev["max_memory_reserved"]);
-    assert_eq!(given["self_check"]["matches"], true);
+    let given = replay(&path, &["--settings-at", &conf]);
+    assert_pytorchs_figures(&given, dev);
     let early = format!("10:{}", side["settings_changed_to"].as_str().unwrap());
-    let wrong = json(&cachalot(&[
-        "replay",
-        path.to_str().unwrap(),
-        "--pytorch",
-        "--json",
-        "--settings-at",
-        &early,
-    ]));
+    let wrong = replay(&path, &["--settings-at", &early]);
     assert_ne!(wrong["self_check"]["matches"], true);
 }
 
@@ -257,19 +254,12 @@ fn a_mempool_deleted_before_the_dump_is_inferred_and_released() {
     let name = "mempool_mlp";
     let dev = &sidecar(name)["devices"][0];
     let path = alone(name);
-    let report = json(&cachalot(&[
-        "replay",
-        path.to_str().unwrap(),
-        "--pytorch",
-        "--json",
-    ]));
-    assert_eq!(report["peak_reserved_bytes"], dev["max_memory_reserved"]);
-    assert_eq!(report["peak_allocated_bytes"], dev["max_memory_allocated"]);
+    let report = replay(&path, &[]);
+    assert_pytorchs_figures(&report, dev);
     assert_eq!(
         report["device_frees"],
         dev["memory_stats"]["num_device_free"]
     );
-    assert_eq!(report["self_check"]["matches"], true);
     let pools = report["inferred_pools"].as_array().unwrap();
     assert_eq!(pools.len(), 1, "{pools:?}");
     let snapshot = cachalot_tools::snapshot::read_snapshot(&path).unwrap();
@@ -319,24 +309,13 @@ fn a_mid_run_start_under_expandable_segments_is_rebuilt_from_the_pickle_alone() 
     let name = "lstm_expandable_warm";
     let dev = &sidecar(name)["devices"][0];
     let path = alone(name);
-    let report = json(&cachalot(&[
-        "replay",
-        path.to_str().unwrap(),
-        "--pytorch",
-        "--json",
-    ]));
+    let report = replay(&path, &[]);
     assert_eq!(
         report["start"]["replayed_from"], "exact",
         "{}",
         report["start"]
     );
-    assert_eq!(report["peak_reserved_bytes"], dev["max_memory_reserved"]);
-    assert_eq!(report["peak_allocated_bytes"], dev["max_memory_allocated"]);
-    assert_eq!(
-        report["self_check"]["matches"], true,
-        "{}",
-        report["self_check"]
-    );
+    assert_pytorchs_figures(&report, dev);
     let text = cachalot(&["replay", path.to_str().unwrap(), "--pytorch"]);
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(
