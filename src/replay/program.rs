@@ -366,6 +366,76 @@ pub fn replay_ops_with(
     replay_ops_from(trace, options, &StartState::default())
 }
 
+/// The dump's private segments and, for each address, the trace's last `segment_alloc` and
+/// `segment_free` there: a segment is one of the dump's private pools' when the dump holds a
+/// private segment at its address and size and the trace does not free it after making it
+/// (the dump's segment is that one).
+struct DumpedPools {
+    /// Address → (size, pool index) of the dump's private segments.
+    private: HashMap<u64, (u64, usize)>,
+    last_alloc_of: HashMap<u64, usize>,
+    last_free_of: HashMap<u64, usize>,
+}
+
+impl DumpedPools {
+    fn new(entries: &[TraceEntry], start: &StartState) -> DumpedPools {
+        let private = start
+            .private_segments
+            .iter()
+            .map(|s| (s.address, (s.size, s.pool)))
+            .collect();
+        let mut last_alloc_of = HashMap::new();
+        let mut last_free_of = HashMap::new();
+        for (i, e) in entries.iter().enumerate() {
+            match e.action {
+                Action::SegmentAlloc => {
+                    last_alloc_of.insert(e.addr, i);
+                }
+                Action::SegmentFree => {
+                    last_free_of.insert(e.addr, i);
+                }
+                _ => {}
+            }
+        }
+        DumpedPools {
+            private,
+            last_alloc_of,
+            last_free_of,
+        }
+    }
+
+    /// The dumped pool of a segment held when recording began: the dump's, if the trace never
+    /// makes a segment there.
+    fn of_start_segment(&self, address: u64, size: u64) -> Option<usize> {
+        self.private
+            .get(&address)
+            .filter(|&&(s, _)| s == size && !self.last_alloc_of.contains_key(&address))
+            .map(|&(_, p)| p)
+    }
+
+    /// The dumped pool of the segment trace entry `i` (`e`, a `segment_alloc`) makes: the
+    /// dump's, if this is the trace's last segment made there and none is freed there after.
+    fn of_segment_alloc(&self, e: &TraceEntry, i: usize) -> Option<usize> {
+        self.private
+            .get(&e.addr)
+            .filter(|&&(size, _)| {
+                size == e.size
+                    && self.last_alloc_of.get(&e.addr) == Some(&i)
+                    && self.last_free_of.get(&e.addr).is_none_or(|&f| f < i)
+            })
+            .map(|&(_, p)| p)
+    }
+
+    /// How many private pools the dump names (their indexes are below it).
+    fn count(&self) -> usize {
+        self.private
+            .values()
+            .map(|&(_, p)| p + 1)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
 /// The private pools released before the dump that [`infer_pool_releases`] finds.
 #[derive(Default)]
 struct InferredReleases {
@@ -392,9 +462,7 @@ struct InferredReleases {
 fn infer_pool_releases(
     entries: &[TraceEntry],
     start: &StartState,
-    private: &HashMap<u64, (u64, usize)>,
-    last_alloc_of: &HashMap<u64, usize>,
-    last_free_of: &HashMap<u64, usize>,
+    dumped: &DumpedPools,
 ) -> InferredReleases {
     // Segments live: address -> (size, key, dumped private pool).
     let mut segs: BTreeMap<u64, (u64, usize, Option<usize>)> = BTreeMap::new();
@@ -402,10 +470,7 @@ fn infer_pool_releases(
         if s.range.is_some() {
             return InferredReleases::default();
         }
-        let pool = private
-            .get(&s.address)
-            .filter(|&&(size, _)| size == s.size && !last_alloc_of.contains_key(&s.address))
-            .map(|&(_, p)| p);
+        let pool = dumped.of_start_segment(s.address, s.size);
         segs.insert(s.address, (s.size, usize::MAX, pool));
     }
     let mut live: std::collections::BTreeSet<u64> =
@@ -423,14 +488,7 @@ fn infer_pool_releases(
         match e.action {
             Action::SegmentMap | Action::SegmentUnmap => return InferredReleases::default(),
             Action::SegmentAlloc => {
-                let pool = private
-                    .get(&e.addr)
-                    .filter(|&&(size, _)| {
-                        size == e.size
-                            && last_alloc_of.get(&e.addr) == Some(&i)
-                            && last_free_of.get(&e.addr).is_none_or(|&f| f < i)
-                    })
-                    .map(|&(_, p)| p);
+                let pool = dumped.of_segment_alloc(e, i);
                 segs.insert(e.addr, (e.size, i, pool));
             }
             Action::Alloc => {
@@ -472,7 +530,7 @@ fn infer_pool_releases(
         }
         i += 1;
     }
-    let dumped = private.values().map(|&(_, p)| p + 1).max().unwrap_or(0);
+    let dumped_pools = dumped.count();
     let mut out = InferredReleases::default();
     for (j, (entry, released)) in runs.into_iter().enumerate() {
         let times: Vec<usize> = released
@@ -486,7 +544,7 @@ fn infer_pool_releases(
                 .find(|&&(t, _)| lo <= t && t <= hi)
                 .map(|&(_, p)| p)
         });
-        let pool = joined.unwrap_or(dumped + j);
+        let pool = joined.unwrap_or(dumped_pools + j);
         for &(a, key, _) in &released {
             out.segments.insert((a, key), pool);
         }
@@ -532,35 +590,14 @@ pub fn replay_ops_from(
         requested: bool,
     }
     // Private pools (CUDA graphs, MemPool): the segments live at each point of the trace, by
-    // address, with their private pool if the dump names one. A segment is private when the
-    // dump holds a private segment at its address and size and the trace does not free it
-    // after making it (the dump's segment is that one).
-    let private: HashMap<u64, (u64, usize)> = start
-        .private_segments
-        .iter()
-        .map(|s| (s.address, (s.size, s.pool)))
-        .collect();
-    let mut last_alloc_of: HashMap<u64, usize> = HashMap::new();
-    let mut last_free_of: HashMap<u64, usize> = HashMap::new();
-    for (i, e) in entries.iter().enumerate() {
-        match e.action {
-            Action::SegmentAlloc => {
-                last_alloc_of.insert(e.addr, i);
-            }
-            Action::SegmentFree => {
-                last_free_of.insert(e.addr, i);
-            }
-            _ => {}
-        }
-    }
-    let inferred = infer_pool_releases(entries, start, &private, &last_alloc_of, &last_free_of);
+    // address, with their private pool if the dump names one.
+    let dumped = DumpedPools::new(entries, start);
+    let inferred = infer_pool_releases(entries, start, &dumped);
     let mut segments: BTreeMap<u64, (u64, Option<usize>)> = BTreeMap::new();
     let mut start = start.clone();
     for s in &mut start.segments {
-        let pool = private
-            .get(&s.address)
-            .filter(|&&(size, _)| size == s.size && !last_alloc_of.contains_key(&s.address))
-            .map(|&(_, p)| p)
+        let pool = dumped
+            .of_start_segment(s.address, s.size)
             .or_else(|| inferred.segments.get(&(s.address, usize::MAX)).copied());
         if let Some(p) = pool {
             s.stream = private_stream(p, s.stream);
@@ -674,14 +711,8 @@ pub fn replay_ops_from(
             Action::SegmentAlloc => {
                 program.segment_addresses.push(e.addr);
                 pending_segment = Some(e.addr);
-                let pool = private
-                    .get(&e.addr)
-                    .filter(|&&(size, _)| {
-                        size == e.size
-                            && last_alloc_of.get(&e.addr) == Some(&i)
-                            && last_free_of.get(&e.addr).is_none_or(|&f| f < i)
-                    })
-                    .map(|&(_, p)| p)
+                let pool = dumped
+                    .of_segment_alloc(e, i)
                     .or_else(|| inferred.segments.get(&(e.addr, i)).copied());
                 segments.insert(e.addr, (e.size, pool));
             }
