@@ -152,8 +152,14 @@ impl<B: Backend> Inner<B> {
 
     /// The registered cache named `id`.
     fn thread(&self, id: u64) -> Option<&Arc<Local>> {
-        self.threads.iter().find(|l| l.id() == id)
+        find_thread(&self.threads, id)
     }
+}
+
+/// The cache named `id` among `threads` (a function of the field alone, so that the core and
+/// the owner map stay free to change while it is held).
+fn find_thread(threads: &[Arc<Local>], id: u64) -> Option<&Arc<Local>> {
+    threads.iter().find(|l| l.id() == id)
 }
 
 impl<B: Backend> Allocator<B> {
@@ -290,13 +296,17 @@ impl<B: Backend> Allocator<B> {
     #[cold]
     fn free_slow(&self, address: u64) -> Result<(), Error> {
         let mut g = self.lock();
-        let inner = &mut *g;
-        let Some(&Owned { thread, meta }) = inner.owners.get(&address) else {
-            return inner.core.free(address);
+        let Inner {
+            core,
+            threads,
+            owners,
+        } = &mut *g;
+        let Some(&Owned { thread, meta }) = owners.get(&address) else {
+            return core.free(address);
         };
-        let Some(owner) = inner.thread(thread).cloned() else {
+        let Some(owner) = find_thread(threads, thread) else {
             debug_assert!(false, "an owned block names no registered thread");
-            return inner.core.free(address);
+            return core.free(address);
         };
         let h = owner.hold();
         if h.is_parked(address) {
@@ -312,16 +322,16 @@ impl<B: Backend> Allocator<B> {
             if h.parked_len() >= capacity
                 && let Some((oldest, _)) = h.pop_oldest()
             {
-                inner.owners.remove(&oldest);
-                let r = inner.core.free(oldest);
+                owners.remove(&oldest);
+                let r = core.free(oldest);
                 debug_assert!(r.is_ok(), "freeing a parked block failed: {r:?}");
             }
             h.park_live(address, meta);
             return Ok(());
         }
-        inner.core.free(address)?;
+        core.free(address)?;
         h.forget_recent(address);
-        inner.owners.remove(&address);
+        owners.remove(&address);
         Ok(())
     }
 
@@ -330,23 +340,27 @@ impl<B: Backend> Allocator<B> {
     /// thread cache.
     pub fn record_stream(&self, address: u64, stream: StreamId) -> Result<(), Error> {
         let mut g = self.lock();
-        let inner = &mut *g;
-        let Some(&Owned { thread, meta }) = inner.owners.get(&address) else {
-            return inner.core.record_stream(address, stream);
+        let Inner {
+            core,
+            threads,
+            owners,
+        } = &mut *g;
+        let Some(&Owned { thread, meta }) = owners.get(&address) else {
+            return core.record_stream(address, stream);
         };
-        let Some(owner) = inner.thread(thread).cloned() else {
+        let Some(owner) = find_thread(threads, thread) else {
             debug_assert!(false, "an owned block names no registered thread");
-            return inner.core.record_stream(address, stream);
+            return core.record_stream(address, stream);
         };
         let h = owner.hold();
         if h.is_parked(address) {
             return Err(Error::UnknownPointer { address });
         }
-        inner.core.record_stream(address, stream)?;
+        core.record_stream(address, stream)?;
         if stream != meta.stream {
             // Never parked from now on: out of the fast path's reach, marked in the map.
             h.forget_recent(address);
-            if let Some(o) = inner.owners.get_mut(&address) {
+            if let Some(o) = owners.get_mut(&address) {
                 o.meta.uses = true;
             }
         }

@@ -3,7 +3,7 @@
 //! segments (a private pool's, when `torch.cuda.MemPool` is deleted).
 
 use crate::backend::{Backend, StreamId};
-use crate::block::{BlockId, BlockPhase};
+use crate::block::{Backing, BlockId, BlockPhase};
 use crate::error::Error;
 use crate::settings::Settings;
 use crate::sizes::Pool;
@@ -41,17 +41,13 @@ impl<B: Backend> CachingCore<B> {
     /// `max_split_size` now in force.
     fn recount_oversize(&mut self) {
         let max_split = self.settings.max_split_size;
-        let view_allocations = |id: BlockId| {
-            self.views
-                .as_ref()
-                .is_some_and(|v| v.by_allocation.contains_key(&id))
-        };
         let (mut allocations, mut segments) = (0i64, 0i64);
         for (id, b) in self.blocks.iter() {
             if b.state == BlockPhase::Allocated && b.size >= max_split {
                 allocations += 1;
             }
-            if b.prev.is_none() && b.range.is_none() && !view_allocations(id) {
+            // A segment's head: no block before it, not in a range, not a view's allocation.
+            if b.prev.is_none() && b.range.is_none() && b.backing != Backing::View {
                 let mut size = 0;
                 let mut cur = Some(id);
                 while let Some(c) = cur {
