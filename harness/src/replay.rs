@@ -110,6 +110,9 @@ pub struct Pass {
     pub views: usize,
     /// Rule 23: the bytes of address space those views hold.
     pub view_bytes: u64,
+    /// Rule 19j: the handles map steps made during the pass (each a `cuMemCreate`, a
+    /// `cuMemMap` and a `cuMemSetAccess` on a GPU: the price the call counts do not show).
+    pub handles: u64,
     /// When asked for ([`model_passes_logged`]): each operation of the pass that made device
     /// calls, as `(operation index, num_device_alloc rise, num_device_free rise, views after
     /// it, reserved bytes after it)`.
@@ -251,7 +254,7 @@ pub fn model_passes_with_config(
 ) -> Result<Vec<Pass>, String> {
     let mut target = Solo(ModelSide::from_config(config));
     let mut out = Vec::with_capacity(passes);
-    let (mut allocs, mut frees, mut reserved) = (0, 0, 0);
+    let (mut allocs, mut frees, mut reserved, mut handles) = (0, 0, 0, 0);
     for pass in 0..passes {
         let mut interpreter = Interpreter::new(program);
         let mut done = Pass::default();
@@ -307,6 +310,9 @@ pub fn model_passes_with_config(
         let views = target.0.model().views();
         done.views = views.len();
         done.view_bytes = views.iter().map(|&(_, bytes, _)| bytes).sum();
+        let h = target.0.model().handles_made();
+        done.handles = h - handles;
+        handles = h;
         out.push(done);
     }
     Ok(out)

@@ -48,6 +48,10 @@ pub struct Knobs {
     /// stitched view of free pages, kept for the next time. Drawn only where it can act
     /// (expandable segments with a reclaim headroom, page aliasing off).
     pub page_stitching: bool,
+    /// `expandable_handle_mb` (rule 19j) in bytes: map steps of at least this many bytes are
+    /// one handle (`None`: a handle per page). Drawn only with expandable segments and without
+    /// page aliasing (refused beside it).
+    pub expandable_handle: Option<u64>,
 }
 
 impl Knobs {
@@ -67,6 +71,7 @@ impl Knobs {
             reclaim_headroom: None,
             page_aliasing: false,
             page_stitching: false,
+            expandable_handle: None,
         }
     }
 }
@@ -124,6 +129,11 @@ pub mod tables {
     /// reclaim headroom) and page aliasing is off: on in half of those scenarios. Exhausted
     /// bytes draw `false`, the old behaviour.
     pub const PAGE_STITCHING: &Weighted<bool> = &[(1, false), (1, true)];
+    /// `expandable_handle_mb` (rule 19j), drawn only under expandable segments without page
+    /// aliasing: off as often as both thresholds together. Exhausted bytes draw `None`, the
+    /// old behaviour.
+    pub const EXPANDABLE_HANDLES: &Weighted<Option<u64>> =
+        &[(2, None), (1, Some(2 * MIB)), (1, Some(8 * MIB))];
 }
 
 impl<'a> Arbitrary<'a> for Knobs {
@@ -161,6 +171,12 @@ impl<'a> Arbitrary<'a> for Knobs {
         } else {
             false
         };
+        // Rule 19j's, after rule 23's, under expandable segments without page aliasing.
+        let expandable_handle = if expandable_segments && !page_aliasing {
+            weighted(u, EXPANDABLE_HANDLES)?
+        } else {
+            None
+        };
         Ok(Knobs {
             capacity,
             max_split_size,
@@ -175,6 +191,7 @@ impl<'a> Arbitrary<'a> for Knobs {
             reclaim_headroom,
             page_aliasing,
             page_stitching,
+            expandable_handle,
         })
     }
 }

@@ -60,6 +60,11 @@ pub struct ModelConfig {
     /// It acts only under expandable segments with a `reclaim_headroom` set, and is refused
     /// beside `page_aliasing`.
     pub page_stitching: bool,
+    /// Rule 19j (cachalot's own policy): a map step of at least this many bytes is backed by
+    /// one handle of all its bytes, a smaller one by one handle per page; `None` (the default,
+    /// PyTorch's way): one handle per page always. cachalot's `expandable_handle_mb`: an
+    /// integer number of MiB in \[2, 1048576\], refused beside `page_aliasing`.
+    pub expandable_handle: Option<u64>,
 }
 
 impl ModelConfig {
@@ -83,6 +88,7 @@ impl ModelConfig {
             reclaim_headroom: None,
             page_aliasing: false,
             page_stitching: false,
+            expandable_handle: None,
         }
     }
 
@@ -97,6 +103,14 @@ impl ModelConfig {
     /// beside `page_stitching`.
     pub fn stitching_is_valid(&self) -> bool {
         !(self.page_stitching && self.page_aliasing)
+    }
+
+    /// Whether `expandable_handle` is one rule 19j allows: unset, or a whole number of MiB in
+    /// \[2 MiB, 2^20 MiB\], and not beside `page_aliasing`.
+    pub fn expandable_handle_is_valid(&self) -> bool {
+        self.expandable_handle.is_none_or(|t| {
+            (2 * MIB..=(1 << 20) * MIB).contains(&t) && t.is_multiple_of(MIB) && !self.page_aliasing
+        })
     }
 
     /// Whether `reclaim_headroom` is one rule 20 allows: unset, or within \[0, 1\] (not NaN).

@@ -49,6 +49,9 @@ pub(crate) struct Device {
     pages: std::collections::BTreeMap<u64, DevicePage>,
     /// The number the next page created gets.
     next_page: u64,
+    /// Rule 19j: the home mappings of handles of more than one page, by first byte: their
+    /// bytes. Such a mapping is unmapped only whole and never mapped again elsewhere.
+    handles: std::collections::BTreeMap<u64, u64>,
 }
 
 /// Whether `[a, a + a_size)` and `[b, b + b_size)` share a byte.
@@ -70,6 +73,7 @@ impl Device {
             reservations: Vec::new(),
             pages: std::collections::BTreeMap::new(),
             next_page: 0,
+            handles: std::collections::BTreeMap::new(),
         }
     }
 

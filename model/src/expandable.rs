@@ -313,8 +313,25 @@ impl Model {
         let address = unmapped.address;
         // Whole pages; an unmapped block starts on a page boundary and ends on one.
         let mapped = bytes.div_ceil(page) * page;
-        if !self.device.map(address, mapped) {
+        // Rule 19j: a step of at least the handle threshold is one handle of all its bytes;
+        // a smaller one, one handle per page.
+        let one_handle = self
+            .config
+            .expandable_handle
+            .is_some_and(|t| mapped >= t && mapped > page);
+        let made = if one_handle {
+            self.device.map_handle(address, mapped)
+        } else {
+            self.device.map(address, mapped)
+        };
+        if !made {
             return false;
+        }
+        if one_handle {
+            self.handles.insert(address, mapped);
+            self.handles_made += 1;
+        } else {
+            self.handles_made += mapped / page;
         }
         // Rule 22a: each slot maps a new page, whose home it is.
         self.create_pages(address, mapped, page);
@@ -385,14 +402,18 @@ impl Model {
         let block = &range.blocks[b];
         assert!(block.in_free_set(), "only free mapped blocks are unmapped");
         let (start, end) = (block.address, block.address + block.size);
-        let Some((first, last)) = whole_pages(base, page, start, end) else {
+        let Some((first, last)) = self.whole_handles(base, page, start, end) else {
             return;
         };
         // Rule 23h: the views mapping these home slots go first.
         self.destroy_views_mapping(first, last);
         self.device.unmap(first, last - first);
-        // Their pages had no other mapping: they are gone.
+        // Their pages had no other mapping: they are gone, and (rule 19j) their handles.
         self.drop_pages(first, last - first, page);
+        let gone: Vec<u64> = self.handles.range(first..last).map(|(&a, _)| a).collect();
+        for a in gone {
+            self.handles.remove(&a);
+        }
         let now = self.search_counter(pool);
         let blocks = &mut self.segments[s].blocks;
         let mut pieces = Vec::new();
@@ -424,6 +445,52 @@ impl Model {
             self.device.release_reservation(base);
         }
         self.settle_stats();
+    }
+
+    /// Rule 19j: the handle holding the mapped page at `slot`, as `(first byte, bytes)`: a
+    /// handle of several pages when one covers it, else the page itself.
+    pub(crate) fn handle_at(&self, slot: u64, page: u64) -> (u64, u64) {
+        match self.handles.range(..=slot).next_back() {
+            Some((&a, &bytes)) if slot < a + bytes => (a, bytes),
+            _ => (slot, page),
+        }
+    }
+
+    /// Rule 19j: whether the page at `slot` is a handle of its own (not part of a handle of
+    /// several pages).
+    pub(crate) fn one_page_handle(&self, slot: u64, page: u64) -> bool {
+        self.handle_at(slot, page) == (slot, page)
+    }
+
+    /// Rules 19e, 19j, 20: the whole handles inside `[start, end)` of the mapped part of a
+    /// range based at `base` whose page is `page`: from the first handle lying wholly inside
+    /// to the end of the last, as `(first, last)` with `first < last`; `None` when none lies
+    /// inside. Without handles of several pages, the whole pages.
+    pub(crate) fn whole_handles(
+        &self,
+        base: u64,
+        page: u64,
+        start: u64,
+        end: u64,
+    ) -> Option<(u64, u64)> {
+        let (mut slot, last) = whole_pages(base, page, start, end)?;
+        let mut found: Option<(u64, u64)> = None;
+        while slot < last {
+            let (a, bytes) = self.handle_at(slot, page);
+            if a >= start && a + bytes <= end {
+                found = Some((found.map_or(a, |f| f.0), a + bytes));
+            } else if found.is_some() {
+                break;
+            }
+            slot = a + bytes;
+        }
+        found
+    }
+
+    /// Rule 19j: how many handles map steps have made so far (each one
+    /// `cuMemCreate` on a GPU: the price of growing, whatever the statistics count).
+    pub fn handles_made(&self) -> u64 {
+        self.handles_made
     }
 
     /// Rule 19h: the public view of a range: one expandable segment per maximal run of

@@ -82,6 +82,11 @@ pub struct Model {
     next_view: u64,
     /// Rule 23g: a clock of view hand-outs and makings.
     view_tick: u64,
+    /// Rule 19j: the handles of more than one page, by first byte: their bytes. Every other
+    /// mapped page of a range is a handle of its own.
+    handles: std::collections::BTreeMap<u64, u64>,
+    /// Rule 19j: how many handles map steps have made (the driver's price of growing).
+    handles_made: u64,
 }
 
 /// Where a live allocation is: a block of a segment or range, or (rule 23) a view in use.
@@ -100,7 +105,8 @@ impl Model {
     /// If `config.memory_fraction` is outside `[0, 1]` or NaN, `config.expandable_page` is
     /// not an even number of MiB in \[2, 1024\] (rule 19), or `config.reclaim_headroom` is
     /// outside `[0, 1]` or NaN (rule 20), or `config.page_stitching` and
-    /// `config.page_aliasing` are both set (rule 23).
+    /// `config.page_aliasing` are both set (rule 23), or `config.expandable_handle` is not a
+    /// whole number of MiB in \[2, 2^20\] or is set beside `config.page_aliasing` (rule 19j).
     pub fn new(config: ModelConfig) -> Model {
         assert!(
             config.expandable_page_is_valid(),
@@ -113,6 +119,10 @@ impl Model {
         assert!(
             config.stitching_is_valid(),
             "ModelConfig::page_stitching refuses page_aliasing beside it"
+        );
+        assert!(
+            config.expandable_handle_is_valid(),
+            "ModelConfig::expandable_handle must be whole MiB in [2, 2^20], without page_aliasing"
         );
         let device = Device::new(config.capacity, config.address_script.clone());
         let fraction = config.memory_fraction;
@@ -135,6 +145,8 @@ impl Model {
             views: Vec::new(),
             next_view: 0,
             view_tick: 0,
+            handles: std::collections::BTreeMap::new(),
+            handles_made: 0,
         };
         if let Some(fraction) = fraction {
             model

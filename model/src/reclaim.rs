@@ -18,7 +18,6 @@
 //!   made once, before any unmap, from the state at that moment.
 
 use crate::Model;
-use crate::expandable::whole_pages;
 use crate::rules::Pool;
 use crate::state;
 
@@ -111,7 +110,9 @@ impl Model {
                     continue;
                 }
                 let end = block.address + block.size;
-                if let Some((first, last)) = whole_pages(range.address, page, block.address, end) {
+                if let Some((first, last)) =
+                    self.whole_handles(range.address, page, block.address, end)
+                {
                     candidates.push(Candidate {
                         page_bytes: last - first,
                         address: block.address,

@@ -87,14 +87,14 @@ pub(crate) struct ViewAllocation {
 }
 
 /// Rule 23f: one free block that gives pages to a new view.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct Giver {
-    /// Bytes of the slots of its range lying wholly inside it.
+    /// Bytes of the slots of its range lying wholly inside it (rule 19j: of one-page handles).
     page_bytes: u64,
     /// The block's first byte.
     address: u64,
-    /// Its first whole slot.
-    first: u64,
+    /// Those slots, in address order.
+    slots: Vec<u64>,
 }
 
 impl Model {
@@ -347,11 +347,18 @@ impl Model {
             for block in range.blocks.iter().filter(|b| b.in_free_set()) {
                 let end = block.address + block.size;
                 if let Some((first, last)) = whole_pages(range.address, page, block.address, end) {
-                    givers.push(Giver {
-                        page_bytes: last - first,
-                        address: block.address,
-                        first,
-                    });
+                    // Rule 19j: only the slots of one-page handles.
+                    let slots: Vec<u64> = (0..(last - first) / page)
+                        .map(|i| first + i * page)
+                        .filter(|&slot| self.one_page_handle(slot, page))
+                        .collect();
+                    if !slots.is_empty() {
+                        givers.push(Giver {
+                            page_bytes: slots.len() as u64 * page,
+                            address: block.address,
+                            slots,
+                        });
+                    }
                 }
             }
         }
@@ -368,8 +375,14 @@ impl Model {
                 break;
             }
             let m = (k - taken).min(giver.page_bytes / page);
-            runs.push((giver.first, m));
-            taken += m;
+            // Each maximal run of taken slots consecutive in the block is one alias.
+            for &slot in &giver.slots[..m as usize] {
+                match runs.last_mut() {
+                    Some((first, n)) if *first + *n * page == slot => *n += 1,
+                    _ => runs.push((slot, 1)),
+                }
+                taken += 1;
+            }
         }
         // Rule 23g: the cap.
         if !self.make_room_for_view(k * page) {

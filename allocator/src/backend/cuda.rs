@@ -368,6 +368,10 @@ impl Backend for CudaBackend {
         self.vmm_map(address, size)
     }
 
+    fn map_handle(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
+        self.vmm_map_handle(address, size)
+    }
+
     /// Synchronises `stream` (the device, for a stream this backend does not know), then
     /// `cuMemUnmap` per page, and `cuMemRelease` of each handle whose last mapping that was
     /// (rule 22: a page mapped at several addresses stays until its last mapping goes). Refused without a driver call unless the span

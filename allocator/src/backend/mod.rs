@@ -147,6 +147,19 @@ pub trait Backend {
         Err(no_virtual_memory("map", size))
     }
 
+    /// Rule 19j: backs `size` bytes at `address` — whole pages of one reservation, none mapped
+    /// yet, more than one page — with **one** new handle of all the bytes (`cuMemCreate` of
+    /// `size`, one `cuMemMap`, one `cuMemSetAccess`). All or nothing, as [`Backend::map`]. The
+    /// handle's mapping is then unmapped only whole ([`Backend::unmap`] refuses bytes that cut
+    /// it) and never aliased ([`Backend::alias`] refuses a source inside it).
+    ///
+    /// The default refuses, as the other virtual-memory calls do: the allocator calls it only
+    /// when `expandable_handle_mb` is set.
+    fn map_handle(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
+        let _ = address;
+        Err(no_virtual_memory("map_handle", size))
+    }
+
     /// Unmaps the mappings of `size` bytes at `address` (whole mapped pages of one
     /// reservation, mapped by [`Backend::map`] or [`Backend::alias`]), after the work queued on
     /// `stream` — the range's stream — is done (`cuMemUnmap`). Only these mappings go: a page

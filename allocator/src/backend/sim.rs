@@ -51,6 +51,12 @@ pub struct SimDevice {
     /// mappings (`None`: an id free for reuse, in `vacant`).
     pages: Vec<Option<Page>>,
     vacant: Vec<u32>,
+    /// Rule 19j: the home mappings of handles of several pages ([`Backend::map_handle`]), by
+    /// first address: their bytes. Unmapped only whole, never aliased.
+    handles: BTreeMap<u64, u64>,
+    /// Handles created so far: one per page by [`Backend::map`] (and adoption), one per
+    /// [`Backend::map_handle`] call (each a `cuMemCreate` on a GPU).
+    handles_created: u64,
 }
 
 /// A slot that maps no page.
@@ -155,6 +161,8 @@ impl SimDevice {
             reservations: BTreeMap::new(),
             pages: Vec::new(),
             vacant: Vec::new(),
+            handles: BTreeMap::new(),
+            handles_created: 0,
         }
     }
 
@@ -231,6 +239,29 @@ impl SimDevice {
     /// [`Backend::unmap`] calls.
     pub fn call_counts(&self) -> (u64, u64) {
         (self.device_allocs, self.device_frees)
+    }
+
+    /// Handles created so far (rule 19j): one per page mapped by [`Backend::map`], one per
+    /// [`Backend::map_handle`] call — what a GPU would spend a `cuMemCreate`, a `cuMemMap` and
+    /// a `cuMemSetAccess` on, whatever the call counts say.
+    pub fn handles_created(&self) -> u64 {
+        self.handles_created
+    }
+
+    /// Rule 19j: the handles of several pages that share a byte with `[address, address +
+    /// size)`, as `(first address, bytes)`.
+    fn handles_touching(&self, address: u64, size: u64) -> Vec<(u64, u64)> {
+        let end = address.saturating_add(size);
+        let before = self
+            .handles
+            .range(..address)
+            .next_back()
+            .map(|(&a, &b)| (a, b))
+            .filter(|&(a, b)| a.saturating_add(b) > address);
+        before
+            .into_iter()
+            .chain(self.handles.range(address..end).map(|(&a, &b)| (a, b)))
+            .collect()
     }
 
     fn overlaps(&self, address: u64, size: u64) -> bool {
@@ -685,6 +716,22 @@ impl Backend for SimDevice {
         r.mapped += size / page;
         self.used += size;
         self.device_allocs += 1;
+        self.handles_created += size / page;
+        Ok(())
+    }
+
+    /// Rule 19j: maps as [`Backend::map`] does, but as one handle of all `size` bytes (more
+    /// than one page): its mapping is unmapped only whole and never aliased. One handle
+    /// created; counted as an allocation in [`SimDevice::call_counts`].
+    fn map_handle(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
+        match self.whole_pages(address, size) {
+            Some((_, page)) if size > page => {}
+            _ => return Err(not_mappable("map_handle", address, size)),
+        }
+        let created = self.handles_created;
+        self.map(address, size)?;
+        self.handles_created = created + 1;
+        self.handles.insert(address, size);
         Ok(())
     }
 
@@ -699,8 +746,24 @@ impl Backend for SimDevice {
         if self.all_mapped(base, address, size) != Some(true) {
             return Err(not_mappable("unmap", address, size));
         }
+        // Rule 19j: a handle's mapping goes only whole (CUDA_ERROR_INVALID_VALUE on a GPU).
+        let touched = self.handles_touching(address, size);
+        if touched
+            .iter()
+            .any(|&(a, b)| a < address || a + b > address + size)
+        {
+            return Err(BackendError::Device {
+                operation: "unmap",
+                message: format!(
+                    "{address:#x} (+{size}) cuts the mapping of a handle of several pages"
+                ),
+            });
+        }
         if take(&mut self.faults.free_error) {
             return Err(device_error("unmap"));
+        }
+        for (a, _) in touched {
+            self.handles.remove(&a);
         }
         let r = self.reservations.get_mut(&base).expect("found above");
         for slot in (address..address + size).step_by(page as usize) {
@@ -737,6 +800,7 @@ impl Backend for SimDevice {
             address.saturating_add(size) <= source || source.saturating_add(size) <= address;
         if page != source_page
             || !apart
+            || !self.handles_touching(source, size).is_empty()
             || self.all_mapped(base, address, size) != Some(false)
             || self.all_mapped(source_base, source, size) != Some(true)
         {

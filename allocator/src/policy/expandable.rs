@@ -74,7 +74,7 @@ impl<B: Backend> CachingCore<B> {
                 if Some(id) == start || (own_stream_only && s != stream) {
                     continue;
                 }
-                if let Some((first, end)) = self.whole_pages(id) {
+                if let Some((first, end)) = self.whole_handles(id) {
                     listed.push((end - first, self.blocks.get(id).address, id));
                 }
             }
@@ -106,6 +106,63 @@ impl<B: Backend> CachingCore<B> {
         let first = base + (b.address - base).div_ceil(page) * page;
         let end = base + (b.address + b.size - base) / page * page;
         (first < end).then_some((first, end))
+    }
+
+    /// Rules 19e, 19j, 20: the whole handles inside the free block `id`, from the first lying
+    /// wholly inside it to the end of the last, as `(first, end)` addresses; `None` when none
+    /// does. Without handles of several pages these are its whole pages.
+    pub(super) fn whole_handles(&self, id: BlockId) -> Option<(u64, u64)> {
+        let (first, end) = self.whole_pages(id)?;
+        if self.handles.is_empty() {
+            return Some((first, end));
+        }
+        let b = self.blocks.get(id);
+        let start = b.address;
+        // A handle reaching into the block from before it, and one reaching out past its end,
+        // are not inside: the whole handles lie between them.
+        let from = match self.handles.range(..=first).next_back() {
+            Some((&a, &bytes)) if a + bytes > first => {
+                if a >= start {
+                    a
+                } else {
+                    a + bytes
+                }
+            }
+            _ => first,
+        };
+        let to = match self.handles.range(..end).next_back() {
+            Some((&a, &bytes)) if a + bytes > end => a.max(from),
+            _ => end,
+        };
+        (from < to).then_some((from, to))
+    }
+
+    /// Rule 23f (with 19j): the runs of one-page handles among the slots `[first, end)` of a
+    /// range whose page is `page`, as `(first slot, slots)` in address order.
+    pub(super) fn one_page_runs(&self, first: u64, end: u64, page: u64) -> Vec<(u64, u64)> {
+        let mut runs = Vec::new();
+        let mut cursor = first;
+        let before = self
+            .handles
+            .range(..first)
+            .next_back()
+            .map(|(&a, &b)| (a, b));
+        for (a, bytes) in before
+            .into_iter()
+            .chain(self.handles.range(first..end).map(|(&a, &b)| (a, b)))
+        {
+            if a + bytes <= cursor {
+                continue;
+            }
+            if a > cursor {
+                runs.push((cursor, (a - cursor) / page));
+            }
+            cursor = a + bytes;
+        }
+        if cursor < end {
+            runs.push((cursor, (end - cursor) / page));
+        }
+        runs
     }
 
     /// Rule 19a: a block's reach — its size, plus the next block's when that one is unmapped.
@@ -287,10 +344,23 @@ impl<B: Backend> CachingCore<B> {
         if bytes == 0 {
             return Ok(None);
         }
-        match self.backend.map(address, bytes) {
+        // Rule 19j: a step of at least the handle threshold is one handle of all its bytes.
+        let one_handle = self
+            .settings
+            .expandable_handle_size
+            .is_some_and(|t| bytes >= t && bytes > page);
+        let made = if one_handle {
+            self.backend.map_handle(address, bytes)
+        } else {
+            self.backend.map(address, bytes)
+        };
+        match made {
             Ok(()) => {}
             Err(BackendError::OutOfMemory) => return Ok(None),
             Err(e) => return Err(Error::Backend(e)),
+        }
+        if one_handle {
+            self.handles.insert(address, bytes);
         }
         if let Some(base) = range {
             self.pages_mapped(base, address, bytes);
@@ -445,7 +515,7 @@ impl<B: Backend> CachingCore<B> {
                 .expect("rule 19e: only blocks of ranges are unmapped");
             (b.pool, b.stream, base)
         };
-        let Some((first, end)) = self.whole_pages(id) else {
+        let Some((first, end)) = self.whole_handles(id) else {
             return Ok(());
         };
         let bytes = end - first;
@@ -454,6 +524,12 @@ impl<B: Backend> CachingCore<B> {
             self.destroy_views_over(first, end)?;
         }
         self.backend.unmap(first, bytes, stream)?;
+        if !self.handles.is_empty() {
+            let gone: Vec<u64> = self.handles.range(first..end).map(|(&a, _)| a).collect();
+            for a in gone {
+                self.handles.remove(&a);
+            }
+        }
         let (prev, next) = self.cut_out(id, first, bytes, Backing::Unmapped);
         self.pages_unmapped(base, first, bytes, true);
         let _ = self.absorb_neighbours(id, prev, next, Backing::Unmapped);
@@ -577,6 +653,87 @@ mod tests {
         // 38 MiB fits after the release: two pages.
         c.malloc(38 * MIB, S).unwrap();
         assert_eq!(c.stats().reserved_bytes.all.current, 40 * MIB as i64);
+        c.check_invariants().unwrap();
+    }
+
+    /// Rule 19j's settings: 2 MiB pages, map steps of at least `threshold` MiB one handle.
+    fn handles_core(threshold: u64) -> CachingCore<SimDevice> {
+        let settings = Settings {
+            expandable_segments: true,
+            expandable_page_size: 2 * MIB,
+            expandable_handle_size: Some(threshold * MIB),
+            ..Settings::pytorch()
+        };
+        CachingCore::new(SimDevice::new(1 << 30), settings).unwrap()
+    }
+
+    #[test]
+    fn a_map_step_of_the_threshold_or_more_is_one_handle() {
+        let mut c = handles_core(8);
+        c.malloc(10 * MIB, S).unwrap();
+        assert_eq!(c.backend().handles_created(), 1, "five pages, one handle");
+        c.malloc(6 * MIB, S).unwrap();
+        assert_eq!(
+            c.backend().handles_created(),
+            4,
+            "under the threshold: one per page"
+        );
+        assert_eq!(
+            c.stats().num_device_alloc,
+            2,
+            "the statistic counts map steps"
+        );
+        c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_handle_of_several_pages_is_unmapped_only_whole() {
+        let mut c = handles_core(8);
+        let big = c.malloc(10 * MIB, S).unwrap();
+        c.free(big).unwrap();
+        let small = c.malloc(3 * MIB, S).unwrap();
+        // [3, 10) MiB is free and holds whole pages, but no whole handle.
+        c.empty_cache().unwrap();
+        assert_eq!(c.stats().reserved_bytes.all.current, 10 * MIB as i64);
+        assert_eq!(c.stats().num_device_free, 0);
+        c.free(small).unwrap();
+        c.empty_cache().unwrap();
+        assert_eq!(c.stats().reserved_bytes.all.current, 0);
+        assert_eq!(
+            c.stats().num_device_free,
+            1,
+            "one unmap of the whole handle"
+        );
+        assert_eq!(c.backend().used(), 0);
+        c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn reclaim_takes_whole_handles_only() {
+        let settings = Settings {
+            expandable_segments: true,
+            expandable_page_size: 2 * MIB,
+            expandable_handle_size: Some(4 * MIB),
+            reclaim_headroom: Some(0.0),
+            ..Settings::pytorch()
+        };
+        let mut c = CachingCore::new(SimDevice::new(1 << 30), settings).unwrap();
+        // [0, 8) one handle, [8, 16) another; a 1 MiB block keeps the first's first page.
+        let a = c.malloc(8 * MIB, S).unwrap();
+        let b = c.malloc(8 * MIB, S).unwrap();
+        c.free(a).unwrap();
+        let pin = c.malloc(2 * MIB, S).unwrap();
+        c.free(b).unwrap();
+        // 16 MiB reserved, 2 MiB in use, high-water 16 MiB: a 12 MiB request on stream 1 is
+        // over the limit (16 + 12 > 16) and reclaim may only take the whole handle [8, 16).
+        let before = c.stats().num_device_free;
+        c.malloc(12 * MIB, StreamId(1)).unwrap();
+        assert_eq!(c.stats().num_device_free, before + 1);
+        assert_eq!(
+            c.stats().reserved_bytes.all.current,
+            (8 + 12) as i64 * MIB as i64
+        );
+        c.free(pin).unwrap();
         c.check_invariants().unwrap();
     }
 

@@ -108,6 +108,9 @@ pub struct CachingCore<B: Backend> {
     views: Option<Views>,
     /// The ranges of expandable segments, by first address (rule 19).
     ranges: BTreeMap<u64, Range>,
+    /// Rule 19j: the handles of more than one page, by first address: their bytes. Every
+    /// other mapped page of a range is a handle of its own.
+    handles: BTreeMap<u64, u64>,
     live: FxHashMap<u64, BlockId>,
     events: BTreeMap<StreamId, VecDeque<(EventId, BlockId)>>,
     stats: Stats,
@@ -169,6 +172,7 @@ impl<B: Backend> CachingCore<B> {
             pages: aliasing.then(PageTable::default),
             views: stitching.then(|| Views::new(stitch_page)),
             ranges: BTreeMap::new(),
+            handles: BTreeMap::new(),
             live: FxHashMap::default(),
             events: BTreeMap::new(),
             stats: Stats::default(),

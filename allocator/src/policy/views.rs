@@ -349,24 +349,46 @@ impl<B: Backend> CachingCore<B> {
                 }
             }
         }
+        // Rule 19j: only the slots of one-page handles are free pages; without handles of
+        // several pages every whole slot is.
+        let mut parts: Vec<Vec<(u64, u64)>> = Vec::new();
+        if !self.handles.is_empty() {
+            for entry in &mut listed {
+                let runs = self.one_page_runs(entry.1, entry.1 + entry.0, page);
+                entry.0 = runs.iter().map(|r| r.1 * page).sum();
+                parts.push(runs);
+            }
+        }
         let total: u64 = listed.iter().map(|l| l.0 / page).sum();
         if total < k {
             return Ok(None);
         }
-        listed.sort_unstable_by_key(|&(bytes, _, id)| {
-            (std::cmp::Reverse(bytes), self.blocks.get(id).address)
+        let mut order: Vec<usize> = (0..listed.len()).filter(|&i| listed[i].0 > 0).collect();
+        order.sort_unstable_by_key(|&i| {
+            (
+                std::cmp::Reverse(listed[i].0),
+                self.blocks.get(listed[i].2).address,
+            )
         });
         // The runs taken, in order: (range, first slot, slots, the free block holding them).
         let mut runs: Vec<(u64, u64, u64, BlockId)> = Vec::new();
         let mut taken = 0u64;
-        for (bytes, first, id) in listed {
+        for i in order {
             if taken == k {
                 break;
             }
-            let m = (k - taken).min(bytes / page);
+            let (bytes, first, id) = listed[i];
             let base = self.blocks.get(id).range.expect("a block of a range");
-            runs.push((base, first, m, id));
-            taken += m;
+            let whole = [(first, bytes / page)];
+            let block_runs: &[(u64, u64)] = if parts.is_empty() { &whole } else { &parts[i] };
+            for &(at, slots) in block_runs {
+                if taken == k {
+                    break;
+                }
+                let m = (k - taken).min(slots);
+                runs.push((base, at, m, id));
+                taken += m;
+            }
         }
         // Rule 23g: the cap, evicting the least recently used free views.
         let cap = self.backend.mem_info()?.total.saturating_mul(2);

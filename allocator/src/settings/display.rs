@@ -76,6 +76,15 @@ impl Settings {
                 self.expandable_page_size / MIB
             ));
         }
+        // Rule 19j: refused beside page aliasing, so named only without it.
+        if self.expandable_handle_size != d.expandable_handle_size
+            && (self.expandable_handle_size.is_some() || !self.page_aliasing)
+        {
+            parts.push(match self.expandable_handle_size {
+                Some(t) => format!("{}:{}", Key::ExpandableHandle.name(), t / MIB),
+                None => format!("{}:off", Key::ExpandableHandle.name()),
+            });
+        }
         if self.reclaim_headroom != d.reclaim_headroom {
             parts.push(match self.reclaim_headroom {
                 Some(h) => format!("{}:{}", Key::ReclaimHeadroom.name(), h),

@@ -111,6 +111,7 @@ impl fmt::Display for AllocatorBackend {
 /// | `reclaim_headroom` | decimal in \[0, 1\], or `off` (cachalot's own key) | [`Settings::reclaim_headroom`] |
 /// | `page_aliasing` | `True` / `False` (cachalot's own key; `True` needs `expandable_segments:True`) | [`Settings::page_aliasing`] |
 /// | `page_stitching` | `True` / `False` (cachalot's own key; `True` needs `expandable_segments:True` and refuses `page_aliasing:True`) | [`Settings::page_stitching`] |
+/// | `expandable_handle_mb` | integer in \[2, 1048576\], or `off` (cachalot's own key; refuses `page_aliasing:True`) | [`Settings::expandable_handle_size`] = N MiB |
 /// | `release_lock_on_cudamalloc` | `True` / `False` | nothing: only `False` is accepted (below) |
 /// | `pinned_use_cuda_host_register` | `True` / `False` | nothing: only `False` is accepted (below) |
 /// | `pinned_num_register_threads` | power of two ≤ 128 | nothing: only `1` is accepted (below) |
@@ -214,6 +215,13 @@ pub struct Settings {
     /// it off too unless it names it), cannot be on with [`Settings::page_aliasing`] (the
     /// parser refuses the two together) and acts only with [`Settings::reclaim_headroom`].
     pub page_stitching: bool,
+    /// cachalot's own knob: handles of several pages (rule 19j; `expandable_handle_mb`). With
+    /// `Some(t)`, a map step of expandable segments of at least `t` bytes is backed by one
+    /// device handle of all its bytes (one `cuMemCreate`, `cuMemMap` and `cuMemSetAccess`,
+    /// about 45 µs on an H200 whatever its size) instead of one per page; such a handle is
+    /// unmapped only whole and never put into a stitched view. `None` (PyTorch's way): a
+    /// handle per page. Refused beside [`Settings::page_aliasing`].
+    pub expandable_handle_size: Option<u64>,
 }
 
 /// cachalot's default for [`Settings::thread_cache_blocks`].
@@ -312,6 +320,7 @@ impl Settings {
             reclaim_headroom: None,
             page_aliasing: false,
             page_stitching: false,
+            expandable_handle_size: None,
         }
     }
 

@@ -29,6 +29,8 @@ impl Settings {
         let mut asks_aliasing = false;
         // The same for `page_stitching:True` (rule 23).
         let mut asks_stitching = false;
+        // The same for `expandable_handle_mb` set to a size (rule 19j).
+        let mut asks_handle = false;
         loop {
             let Some(name) = cursor.word() else {
                 let reason = if cursor.peek().is_none() {
@@ -55,8 +57,11 @@ impl Settings {
             if key == Key::PageStitching {
                 asks_stitching = out.page_stitching;
             }
+            if key == Key::ExpandableHandle {
+                asks_handle = out.expandable_handle_size.is_some();
+            }
             match cursor.peek_tok() {
-                None => return out.finish(asks_aliasing, asks_stitching),
+                None => return out.finish(asks_aliasing, asks_stitching, asks_handle),
                 Some(Tok::Comma) => cursor.advance(),
                 Some(_) => {
                     return Err(syntax(
@@ -75,8 +80,14 @@ impl Settings {
     /// expandable segments off without naming it turns what it inherited off too. The two
     /// cannot be on together (rule 23): a string that asks for page aliasing turns an inherited
     /// stitching off; one that asks for both (or for stitching over inherited aliasing) is
-    /// refused.
-    fn finish(mut self, asked: bool, asked_stitching: bool) -> Result<Settings, SettingsError> {
+    /// refused. Handles of several pages (rule 19j) cannot be on beside page aliasing either,
+    /// and are settled the same way against it.
+    fn finish(
+        mut self,
+        asked: bool,
+        asked_stitching: bool,
+        asked_handle: bool,
+    ) -> Result<Settings, SettingsError> {
         if self.page_stitching && !self.expandable_segments {
             if asked_stitching {
                 return Err(invalid(
@@ -110,6 +121,19 @@ impl Settings {
                 "True",
                 "page_stitching cannot be on together with page_aliasing:True (rule 23 keeps \
                  every page at its home; rule 22 moves homes)",
+            ));
+        }
+        if self.expandable_handle_size.is_some() && self.page_aliasing && asked && !asked_handle {
+            self.expandable_handle_size = None;
+        }
+        if let Some(size) = self.expandable_handle_size
+            && self.page_aliasing
+        {
+            return Err(invalid(
+                Key::ExpandableHandle,
+                (size / MIB).to_string(),
+                "expandable_handle_mb cannot be set together with page_aliasing:True (rule 22 \
+                 moves single pages, and a handle of several pages maps only whole)",
             ));
         }
         Ok(self)
@@ -168,6 +192,14 @@ impl Settings {
                 self.expandable_page_size =
                     check_page_mb(parse_u64(key, v)?).map_err(|r| invalid(key, v, r))? * MIB;
             }
+            Key::ExpandableHandle => {
+                let v = scalar(cursor, key)?;
+                self.expandable_handle_size = if v == "off" {
+                    None
+                } else {
+                    Some(check_handle_mb(parse_u64(key, v)?).map_err(|r| invalid(key, v, r))? * MIB)
+                };
+            }
             Key::ReclaimHeadroom => {
                 let v = scalar(cursor, key)?;
                 self.reclaim_headroom = if v == "off" {
@@ -212,11 +244,12 @@ pub(super) enum Key {
     ReclaimHeadroom,
     PageAliasing,
     PageStitching,
+    ExpandableHandle,
 }
 
 impl Key {
     /// Every key.
-    pub(super) const ALL: [Key; 16] = [
+    pub(super) const ALL: [Key; 17] = [
         Key::MaxSplitSize,
         Key::MaxNonSplitRounding,
         Key::GcThreshold,
@@ -233,6 +266,7 @@ impl Key {
         Key::ReclaimHeadroom,
         Key::PageAliasing,
         Key::PageStitching,
+        Key::ExpandableHandle,
     ];
 
     /// The key as written in a configuration string.
@@ -254,6 +288,7 @@ impl Key {
             Key::ReclaimHeadroom => "reclaim_headroom",
             Key::PageAliasing => "page_aliasing",
             Key::PageStitching => "page_stitching",
+            Key::ExpandableHandle => "expandable_handle_mb",
         }
     }
 
@@ -350,6 +385,19 @@ pub(super) fn check_page_mb(mb: u64) -> Result<u64, &'static str> {
         Err("must be an even number in [2, 1024]")
     }
 }
+
+/// `expandable_handle_mb` (rule 19j: map steps of at least this many MiB are one handle): an
+/// integer in [2, 1048576].
+pub(super) fn check_handle_mb(mb: u64) -> Result<u64, &'static str> {
+    if (2..=MAX_HANDLE_MB).contains(&mb) {
+        Ok(mb)
+    } else {
+        Err("must be an integer in [2, 1048576], or off")
+    }
+}
+
+/// The largest `expandable_handle_mb`: 1 TiB.
+const MAX_HANDLE_MB: u64 = 1 << 20;
 
 /// The compact form of `roundup_power2_divisions`: a power of two.
 pub(super) fn check_uniform_divisions(d: u64) -> Result<u64, &'static str> {

@@ -1361,23 +1361,28 @@ fn valid_settings() -> impl Strategy<Value = Settings> {
         prop::option::of(0.0f64..=1.0),
         any::<bool>(),
         any::<bool>(),
+        prop::option::of((2u64..=1 << 20).prop_map(|n| n * MB)),
     )
         .prop_map(
-            |(msz, nsr, gc, table, exp, frac, backend, page, reclaim, alias, stitch)| Settings {
-                max_split_size: msz,
-                max_non_split_rounding_size: nsr,
-                garbage_collection_threshold: gc,
-                roundup_power2_divisions: table,
-                expandable_segments: exp,
-                per_process_memory_fraction: frac,
-                backend,
-                thread_cache_blocks: (msz % 4) as u32 * 7,
-                expandable_page_size: page,
-                reclaim_headroom: reclaim,
-                // The parser never gives aliasing without expandable segments (rule 22).
-                page_aliasing: alias && exp,
-                // Nor stitching without them, nor beside aliasing (rule 23).
-                page_stitching: stitch && exp && !alias,
+            |(msz, nsr, gc, table, exp, frac, backend, page, reclaim, alias, stitch, handle)| {
+                Settings {
+                    max_split_size: msz,
+                    max_non_split_rounding_size: nsr,
+                    garbage_collection_threshold: gc,
+                    roundup_power2_divisions: table,
+                    expandable_segments: exp,
+                    per_process_memory_fraction: frac,
+                    backend,
+                    thread_cache_blocks: (msz % 4) as u32 * 7,
+                    expandable_page_size: page,
+                    reclaim_headroom: reclaim,
+                    // The parser never gives aliasing without expandable segments (rule 22).
+                    page_aliasing: alias && exp,
+                    // Nor stitching without them, nor beside aliasing (rule 23).
+                    page_stitching: stitch && exp && !alias,
+                    // Nor handles of several pages beside aliasing (rule 19j).
+                    expandable_handle_size: handle.filter(|_| !(alias && exp)),
+                }
             },
         )
 }
@@ -1423,4 +1428,44 @@ proptest! {
         let shown = s.to_string();
         prop_assert_eq!(Settings::parse(&shown), Ok(s), "displayed as {:?}", shown);
     }
+}
+
+#[test]
+fn expandable_handle_mb_takes_mib_from_2_to_2_pow_20_or_off_and_refuses_page_aliasing() {
+    assert_eq!(
+        parse("expandable_handle_mb:8").expandable_handle_size,
+        Some(8 * MB)
+    );
+    assert_eq!(
+        parse("expandable_handle_mb:1048576").expandable_handle_size,
+        Some(1048576 * MB)
+    );
+    assert_eq!(
+        Settings::parse("expandable_handle_mb:8,expandable_handle_mb:off")
+            .unwrap()
+            .expandable_handle_size,
+        None
+    );
+    for bad in ["0", "1", "1048577", "-2", "2.5", "on"] {
+        assert!(
+            Settings::parse(&format!("expandable_handle_mb:{bad}")).is_err(),
+            "{bad} should be refused"
+        );
+    }
+    // Off unless set, in both policies.
+    assert_eq!(Settings::pytorch().expandable_handle_size, None);
+    assert_eq!(Settings::cachalot().expandable_handle_size, None);
+    // Not beside page aliasing; asking for aliasing over an inherited threshold drops it.
+    let err = Settings::parse("expandable_handle_mb:8,page_aliasing:True,page_stitching:False")
+        .unwrap_err();
+    assert!(err.to_string().contains("expandable_handle_mb"), "{err}");
+    let inherited = Settings::parse("expandable_handle_mb:8").unwrap();
+    let aliasing = inherited
+        .apply("page_aliasing:True,page_stitching:False")
+        .unwrap();
+    assert_eq!(aliasing.expandable_handle_size, None);
+    // It displays and parses back.
+    let shown = inherited.to_string();
+    assert!(shown.contains("expandable_handle_mb:8"), "{shown}");
+    assert_eq!(Settings::parse(&shown).unwrap(), inherited);
 }

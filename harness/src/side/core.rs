@@ -27,6 +27,7 @@ pub fn settings(knobs: &Knobs) -> Settings {
     s.reclaim_headroom = knobs.reclaim_headroom;
     s.page_aliasing = knobs.page_aliasing;
     s.page_stitching = knobs.page_stitching;
+    s.expandable_handle_size = knobs.expandable_handle;
     s
 }
 
@@ -53,6 +54,7 @@ impl Knobs {
             reclaim_headroom: settings.reclaim_headroom,
             page_aliasing: settings.page_aliasing,
             page_stitching: settings.page_stitching,
+            expandable_handle: settings.expandable_handle_size,
         };
         let back = self::settings(&knobs);
         if back != *settings {

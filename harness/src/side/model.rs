@@ -24,6 +24,7 @@ pub fn model_config(knobs: &Knobs) -> ModelConfig {
     c.reclaim_headroom = knobs.reclaim_headroom;
     c.page_aliasing = knobs.page_aliasing;
     c.page_stitching = knobs.page_stitching;
+    c.expandable_handle = knobs.expandable_handle;
     c
 }
 

@@ -210,6 +210,35 @@ impl Device {
         true
     }
 
+    /// Rule 19j: maps `bytes` of whole slots at `address` as [`Device::map`] does, backed by
+    /// one handle: the mapping is then unmapped only whole and never aliased.
+    pub(crate) fn map_handle(&mut self, address: u64, bytes: u64) -> bool {
+        if !self.map(address, bytes) {
+            return false;
+        }
+        self.handles.insert(address, bytes);
+        true
+    }
+
+    /// Rule 19j: the handle mappings of several pages that share a byte with
+    /// `[address, address + bytes)`, as `(first byte, bytes)`.
+    fn handles_touching(&self, address: u64, bytes: u64) -> Vec<(u64, u64)> {
+        let before = self
+            .handles
+            .range(..address)
+            .next_back()
+            .map(|(&a, &b)| (a, b));
+        before
+            .into_iter()
+            .chain(
+                self.handles
+                    .range(address..address.saturating_add(bytes))
+                    .map(|(&a, &b)| (a, b)),
+            )
+            .filter(|&(a, b)| overlaps(a, b, address, bytes))
+            .collect()
+    }
+
     /// Rule 22h: maps at the `bytes` of unmapped whole slots at `address` the pages mapped at
     /// the `bytes` at `source` (whole mapped slots of one reservation, of the same page, not
     /// overlapping the target), in order. No page is created. False for out-of-memory when
@@ -222,6 +251,10 @@ impl Device {
         assert!(
             !overlaps(address, bytes, source, bytes),
             "device alias onto its own source"
+        );
+        assert!(
+            self.handles_touching(source, bytes).is_empty(),
+            "device alias of a part of a handle of several pages (rule 19j)"
         );
         let target = self.reservation_holding(address, bytes);
         let from = self.reservation_holding(source, bytes);
@@ -268,6 +301,14 @@ impl Device {
     /// # Panics
     /// If some of the slots are not mapped (the model never does this).
     pub(crate) fn unmap(&mut self, address: u64, bytes: u64) {
+        // Rule 19j: a handle's mapping goes only whole.
+        for (a, b) in self.handles_touching(address, bytes) {
+            assert!(
+                a >= address && a + b <= address + bytes,
+                "device unmap of a part of the handle at {a:#x} (+{b})"
+            );
+            self.handles.remove(&a);
+        }
         let index = self.reservation_holding(address, bytes);
         for slot in self.reservations[index].slots_of(address, bytes) {
             let number = self.reservations[index]

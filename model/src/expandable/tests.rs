@@ -600,3 +600,106 @@ fn a_corrupted_range_is_reported() {
     blocks[2].size -= 20 * MIB;
     assert!(m.check_invariants().is_err());
 }
+
+/// Rule 19j's settings: 2 MiB pages, map steps of at least `threshold` MiB one handle.
+fn handles_model(threshold: u64) -> Model {
+    let mut c = config(1 << 30);
+    c.expandable_page = 2 * MIB;
+    c.expandable_handle = Some(threshold * MIB);
+    Model::new(c)
+}
+
+#[test]
+fn a_map_step_of_the_threshold_or_more_is_one_handle_and_a_smaller_one_a_handle_per_page() {
+    let mut m = handles_model(8);
+    malloc(&mut m, 10 * MIB, 0).unwrap();
+    assert_eq!(m.handles_made(), 1, "10 MiB: one handle of five pages");
+    malloc(&mut m, 6 * MIB, 0).unwrap();
+    assert_eq!(
+        m.handles_made(),
+        4,
+        "6 MiB, under the threshold: three one-page handles"
+    );
+    // The statistics count map steps, whatever their handles.
+    assert_eq!(m.stats().num_device_alloc, 2);
+    // Without the key, a handle per page.
+    let mut per_page = model(1 << 30);
+    per_page.config.expandable_page = 2 * MIB;
+    malloc(&mut per_page, 10 * MIB, 0).unwrap();
+    assert_eq!(per_page.handles_made(), 5);
+}
+
+#[test]
+fn a_handle_of_several_pages_is_unmapped_only_whole() {
+    let mut m = handles_model(8);
+    let big = malloc(&mut m, 10 * MIB, 0).unwrap();
+    free(&mut m, big);
+    // A 3 MiB block now splits the handle's first page: the free rest [3, 10) MiB holds whole
+    // pages but no whole handle, so a release unmaps nothing.
+    let small = malloc(&mut m, 3 * MIB, 0).unwrap();
+    assert_eq!(small, BASE);
+    empty_cache(&mut m);
+    assert_eq!(m.stats().reserved_bytes.all.current, (10 * MIB) as i64);
+    assert_eq!(m.stats().num_device_free, 0);
+    // With a handle per page the same release gives back the three whole pages of [4, 10).
+    let mut per_page = model(1 << 30);
+    per_page.config.expandable_page = 2 * MIB;
+    let big = malloc(&mut per_page, 10 * MIB, 0).unwrap();
+    free(&mut per_page, big);
+    malloc(&mut per_page, 3 * MIB, 0).unwrap();
+    empty_cache(&mut per_page);
+    assert_eq!(
+        per_page.stats().reserved_bytes.all.current,
+        (4 * MIB) as i64
+    );
+    // Once the handle is wholly free it goes, in one unmap.
+    free(&mut m, small);
+    empty_cache(&mut m);
+    assert_eq!(m.stats().reserved_bytes.all.current, 0);
+    assert_eq!(m.stats().num_device_free, 1);
+    assert!(
+        ranges(&m).is_empty(),
+        "the range gave its address space back"
+    );
+}
+
+#[test]
+fn the_whole_handles_of_a_free_block_run_from_the_first_inside_to_the_end_of_the_last() {
+    let mut m = handles_model(4);
+    // Handles: [0, 2) one page (a 2 MiB step), [2, 8) six MiB, [8, 10) one page, [10, 16).
+    let a = malloc(&mut m, 2 * MIB, 0).unwrap();
+    let b = malloc(&mut m, 6 * MIB, 0).unwrap();
+    let c = malloc(&mut m, 2 * MIB, 0).unwrap();
+    let d = malloc(&mut m, 6 * MIB, 0).unwrap();
+    assert_eq!(m.handles_made(), 4);
+    let _keep = malloc(&mut m, 1 << 20, 0).unwrap();
+    free(&mut m, b);
+    free(&mut m, c);
+    free(&mut m, d);
+    // One free block [2, 16): the handles [2, 8), [8, 10), [10, 16) lie inside it.
+    let range = &m
+        .segments
+        .iter()
+        .find(|s| s.expandable && s.pool == rules::Pool::Large);
+    let base = range.expect("a large range").address;
+    assert_eq!(
+        m.whole_handles(base, 2 * MIB, base + 2 * MIB, base + 16 * MIB),
+        Some((base + 2 * MIB, base + 16 * MIB))
+    );
+    // [3, 15) cuts the first and the last: only [8, 10) lies inside.
+    assert_eq!(
+        m.whole_handles(base, 2 * MIB, base + 3 * MIB, base + 15 * MIB),
+        Some((base + 8 * MIB, base + 10 * MIB))
+    );
+    // [3, 7) lies inside one handle: none.
+    assert_eq!(
+        m.whole_handles(base, 2 * MIB, base + 3 * MIB, base + 7 * MIB),
+        None
+    );
+    empty_cache(&mut m);
+    assert_eq!(
+        m.stats().reserved_bytes.large_pool.current,
+        (2 * MIB) as i64
+    );
+    free(&mut m, a);
+}

@@ -35,6 +35,11 @@ pub(super) struct Vmm {
     mapped: u64,
     /// How many addresses map each live handle (rule 22: one, or more when aliased).
     mappings: std::collections::HashMap<sys::CUmemGenericAllocationHandle, u32>,
+    /// Rule 19j: the home mappings of handles of several pages, by first address: their
+    /// bytes. The driver unmaps such a mapping only whole and maps a handle only whole (no
+    /// offset), so these are unmapped in one call and never aliased. Their slots are in the
+    /// reservation's `pages` too, each with the one handle.
+    big: std::collections::BTreeMap<u64, u64>,
 }
 
 /// A mapped page: its address and the `cuMemCreate` handle behind it.
@@ -60,6 +65,46 @@ impl Vmm {
             && (address - base).is_multiple_of(r.page)
             && size.is_multiple_of(r.page))
         .then_some(base)
+    }
+
+    /// Rule 19j: the handles of several pages that share a byte with `[address, address +
+    /// size)`, as `(first address, bytes)`.
+    fn big_touching(&self, address: u64, size: u64) -> Vec<(u64, u64)> {
+        let end = address.saturating_add(size);
+        let before = self
+            .big
+            .range(..address)
+            .next_back()
+            .map(|(&a, &b)| (a, b))
+            .filter(|&(a, b)| a.saturating_add(b) > address);
+        before
+            .into_iter()
+            .chain(self.big.range(address..end).map(|(&a, &b)| (a, b)))
+            .collect()
+    }
+
+    /// The mappings behind `pages` (whole mapped pages, in address order) as
+    /// `(address, bytes, handle)`: one per page, but one per handle of several pages.
+    fn mappings_of(
+        &self,
+        pages: &[Page],
+        page: u64,
+    ) -> Vec<(u64, u64, sys::CUmemGenericAllocationHandle)> {
+        let mut out = Vec::with_capacity(pages.len());
+        let mut skip_to = 0u64;
+        for &(at, handle) in pages {
+            if at < skip_to {
+                continue;
+            }
+            match self.big.get(&at) {
+                Some(&bytes) => {
+                    out.push((at, bytes, handle));
+                    skip_to = at + bytes;
+                }
+                None => out.push((at, page, handle)),
+            }
+        }
+        out
     }
 
     /// For `size` bytes at `address` that are whole pages of a reservation: its first
@@ -354,6 +399,53 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Rule 19j: backs `size` bytes of unmapped whole pages at `address` (more than one page)
+    /// with one handle: one `cuMemCreate` of `size`, one `cuMemMap`, one `cuMemSetAccess`. All
+    /// or nothing.
+    pub(super) fn vmm_map_handle(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
+        let (base, page, _) = self
+            .vmm
+            .pages_of(address, size)
+            .filter(|(_, page, pages)| pages.is_empty() && size > *page)
+            .ok_or_else(|| {
+                vmm_refused(
+                    "cuMemMap",
+                    address,
+                    size,
+                    "is not more than one whole unmapped page of one reservation of this backend",
+                )
+            })?;
+        let bytes = usize::try_from(size).map_err(|_| {
+            vmm_refused(
+                "cuMemCreate",
+                address,
+                size,
+                "does not fit the host's size type",
+            )
+        })?;
+        self.bind()?;
+        let ordinal = self.ctx.ordinal();
+        let prop = pinned_on(ordinal);
+        let handle = create_and_map(address, bytes, &prop)?;
+        let access = read_write_for(ordinal);
+        // SAFETY: [address, address + size) was just mapped with `handle` (above); `access` is
+        // a live, fully initialised descriptor, and the count is 1.
+        if let Err(e) = unsafe { sys::cuMemSetAccess(address, bytes, &access, 1) }.result() {
+            // SAFETY: mapped by this call with this handle, never entered the bookkeeping,
+            // nothing handed out in it; its one mapping is undone and it is released once.
+            unsafe { unmap_and_release(&[(address, handle)], bytes) };
+            return Err(device_error("cuMemSetAccess", e));
+        }
+        self.vmm.mappings.insert(handle, 1);
+        self.vmm.big.insert(address, size);
+        if let Some(r) = self.vmm.reservations.get_mut(&base) {
+            r.pages
+                .extend((0..size / page).map(|i| (address + i * page, handle)));
+        }
+        self.vmm.mapped += size;
+        Ok(())
+    }
+
     /// Rule 22h: maps, at `size` bytes of unmapped whole pages at `address`, the handles mapped
     /// at `source` (whole mapped pages of a reservation with the same page), with
     /// `cuMemMap` per page and one `cuMemSetAccess`. No memory is created. All or nothing: on
@@ -386,6 +478,16 @@ impl CudaBackend {
                 address,
                 size,
                 "has another page size than the pages it would alias",
+            ));
+        }
+        if !self.vmm.big_touching(source, size).is_empty() {
+            // Rule 19j: the driver maps a handle only whole (CUDA_ERROR_NOT_SUPPORTED for an
+            // offset into it).
+            return Err(vmm_refused(
+                "cuMemMap",
+                source,
+                size,
+                "lies in a handle of several pages, which maps only whole",
             ));
         }
         let page_bytes = page as usize;
@@ -451,20 +553,35 @@ impl CudaBackend {
                     "is not whole mapped pages of one reservation of this backend",
                 )
             })?;
-        let page_bytes = page as usize;
+        if self
+            .vmm
+            .big_touching(address, size)
+            .iter()
+            .any(|&(a, b)| a < address || a + b > address + size)
+        {
+            // Rule 19j: the driver unmaps a mapping only whole (CUDA_ERROR_INVALID_VALUE).
+            return Err(vmm_refused(
+                "cuMemUnmap",
+                address,
+                size,
+                "cuts the mapping of a handle of several pages",
+            ));
+        }
+        let mappings = self.vmm.mappings_of(&pages, page);
         // The range's blocks are used on its stream only (uses on other streams were recorded
         // and waited for before the blocks came back free): wait for that stream.
         self.synchronize_stream(stream)?;
-        for (i, &(at, _)) in pages.iter().enumerate() {
-            // SAFETY: `at` is a page this backend mapped (checked against the bookkeeping
-            // above), and the work queued on the range's stream is done.
-            if let Err(e) = unsafe { sys::cuMemUnmap(at, page_bytes) }.result() {
-                // Put back the pages already unmapped, so that nothing is unmapped.
-                self.remap(&pages[..i], page_bytes);
+        for (i, &(at, bytes, _)) in mappings.iter().enumerate() {
+            // SAFETY: `at` and `bytes` are exactly one mapping this backend made (checked
+            // against the bookkeeping above: a page, or a whole handle of several pages), and
+            // the work queued on the range's stream is done.
+            if let Err(e) = unsafe { sys::cuMemUnmap(at, bytes as usize) }.result() {
+                // Put back the mappings already unmapped, so that nothing is unmapped.
+                self.remap(&mappings[..i]);
                 return Err(device_error("cuMemUnmap", e));
             }
         }
-        for &(_, handle) in &pages {
+        for &(at, bytes, handle) in &mappings {
             let left = match self.vmm.mappings.get_mut(&handle) {
                 Some(n) => {
                     *n = n.saturating_sub(1);
@@ -472,13 +589,14 @@ impl CudaBackend {
                 }
                 None => 0,
             };
+            self.vmm.big.remove(&at);
             if left == 0 {
                 self.vmm.mappings.remove(&handle);
-                // SAFETY: each handle came from cuMemCreate for one of these pages; its last
-                // mapping was removed above, and it leaves the bookkeeping here (released once),
-                // so its memory goes back to the device.
+                // SAFETY: each handle came from cuMemCreate for one of these mappings; its
+                // last mapping was removed above, and it leaves the bookkeeping here (released
+                // once), so its memory goes back to the device.
                 let _ = unsafe { sys::cuMemRelease(handle) };
-                self.vmm.mapped -= page;
+                self.vmm.mapped -= bytes;
             }
         }
         if let Some(r) = self.vmm.reservations.get_mut(&base) {
@@ -492,17 +610,18 @@ impl CudaBackend {
     /// Maps again pages unmapped by a failing [`Backend::unmap`](crate::backend::Backend::unmap)
     /// (their handles still held), with access for this device. Best effort: the driver has
     /// already failed once.
-    fn remap(&self, pages: &[Page], page: usize) {
+    fn remap(&self, mappings: &[(u64, u64, sys::CUmemGenericAllocationHandle)]) {
         let access = read_write_for(self.ctx.ordinal());
-        for &(at, handle) in pages {
+        for &(at, bytes, handle) in mappings {
+            let bytes = bytes as usize;
             // SAFETY: `at` was mapped with `handle` (still live: not released) until just now,
-            // so it is reserved, unmapped, and `handle` holds exactly `page` bytes.
-            if unsafe { sys::cuMemMap(at, page, 0, handle, 0) }
+            // so it is reserved, unmapped, and `handle` holds exactly `bytes` bytes.
+            if unsafe { sys::cuMemMap(at, bytes, 0, handle, 0) }
                 .result()
                 .is_ok()
             {
-                // SAFETY: the page was just mapped; `access` is a live descriptor, count 1.
-                let _ = unsafe { sys::cuMemSetAccess(at, page, &access, 1) };
+                // SAFETY: the range was just mapped; `access` is a live descriptor, count 1.
+                let _ = unsafe { sys::cuMemSetAccess(at, bytes, &access, 1) };
             }
         }
     }
@@ -511,13 +630,21 @@ impl CudaBackend {
     /// dropped; the caller synchronised the context).
     pub(super) fn release_virtual_memory(&mut self) {
         let reservations = std::mem::take(&mut self.vmm.reservations);
+        let big = std::mem::take(&mut self.vmm.big);
         for r in reservations.values() {
+            let mut skip_to = 0u64;
             for &at in r.pages.keys() {
-                // SAFETY: every page is mapped by this backend (its bookkeeping was drained
-                // above, so each mapping is unmapped once); the context was synchronised and
-                // no block can be in use (every user-held block keeps the allocator, and with
-                // it this backend, alive).
-                let _ = unsafe { sys::cuMemUnmap(at, r.page as usize) };
+                if at < skip_to {
+                    continue;
+                }
+                // Rule 19j: a handle of several pages is one mapping, unmapped whole.
+                let bytes = big.get(&at).copied().unwrap_or(r.page);
+                skip_to = at + bytes;
+                // SAFETY: every mapping is this backend's (its bookkeeping was drained above,
+                // so each is unmapped once, whole); the context was synchronised and no block
+                // can be in use (every user-held block keeps the allocator, and with it this
+                // backend, alive).
+                let _ = unsafe { sys::cuMemUnmap(at, bytes as usize) };
             }
         }
         for (handle, _) in std::mem::take(&mut self.vmm.mappings) {

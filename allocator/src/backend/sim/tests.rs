@@ -355,3 +355,28 @@ fn a_reservation_takes_the_next_address_but_never_the_script() {
     assert_eq!(d.reserve(40 << 20, 20 << 20).unwrap(), SIM_BASE_ADDRESS);
     assert_eq!(d.allocate(2 << 20).unwrap(), 0x4000_0000);
 }
+
+#[test]
+fn a_handle_of_several_pages_unmaps_only_whole_and_is_never_aliased() {
+    use crate::backend::StreamId;
+    const MIB: u64 = 1 << 20;
+    let mut d = SimDevice::new(1 << 30);
+    let base = d.reserve(64 * MIB, 2 * MIB).unwrap();
+    d.map_handle(base, 8 * MIB).unwrap();
+    assert_eq!(d.handles_created(), 1);
+    assert_eq!(d.used(), 8 * MIB);
+    // One page is not a handle of several.
+    assert!(d.map_handle(base + 8 * MIB, 2 * MIB).is_err());
+    // A part of the mapping: refused, nothing unmapped.
+    assert!(d.unmap(base + 2 * MIB, 2 * MIB, StreamId(0)).is_err());
+    assert!(d.unmap(base, 6 * MIB, StreamId(0)).is_err());
+    assert_eq!(d.used(), 8 * MIB);
+    // An alias of one of its pages: refused (a GPU maps a handle only whole).
+    assert!(d.alias(base + 32 * MIB, base + 2 * MIB, 2 * MIB).is_err());
+    // Beside a page of its own, one unmap over both goes.
+    d.map(base + 8 * MIB, 2 * MIB).unwrap();
+    assert_eq!(d.handles_created(), 2);
+    d.unmap(base, 10 * MIB, StreamId(0)).unwrap();
+    assert_eq!(d.used(), 0);
+    d.release_reservation(base, 64 * MIB).unwrap();
+}
