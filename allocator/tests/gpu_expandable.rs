@@ -501,3 +501,128 @@ fn the_backend_maps_whole_pages_of_its_reservations_only_and_drop_gives_all_back
         after >> 20
     );
 }
+
+/// Rule 19j on the GPU: with `expandable_handle_mb` set, a large map step is one handle (one
+/// `cuMemCreate`) that copies and kernels use across its pages; its pages are never put into a
+/// stitched view (the driver refuses `cuMemMap` at an offset); a part of it is never unmapped
+/// (the driver refuses); once wholly free it goes back to the driver in one unmap, as
+/// `cuMemGetInfo` sees; dropping the allocator gives everything back.
+#[test]
+fn a_handle_of_several_pages_holds_real_memory_and_goes_back_only_whole() {
+    let Some(ctx) = gpu("a_handle_of_several_pages_holds_real_memory_and_goes_back_only_whole")
+    else {
+        return;
+    };
+    let _device = exclusive();
+    let stream = ctx.new_stream().unwrap();
+    let module = kernels(&ctx);
+    let kernel = function(&module, "add_one");
+    warm_up(&ctx, &stream);
+    let before = free_memory(&ctx);
+    let settings = Settings::cachalot()
+        .apply("expandable_handle_mb:8")
+        .unwrap();
+    let alloc = CudaAllocator::new(ctx.clone(), settings).unwrap();
+    let mib = MIB as u64;
+
+    // 64 MiB: one map step of 32 pages, one handle.
+    let mut big = alloc.alloc_buffer::<u8>(64 * MIB, &stream).unwrap();
+    assert_eq!(alloc.stats().num_device_alloc, 1);
+    let host = pattern(11, 64 * MIB);
+    stream.memcpy_htod(&host, &mut big).unwrap();
+    let mut out = alloc.alloc_buffer::<u8>(64 * MIB, &stream).unwrap();
+    add_one(&kernel, &stream, &mut out, &big);
+    let plus_one: Vec<u8> = host.iter().map(|b| b.wrapping_add(1)).collect();
+    assert_eq!(
+        stream.clone_dtoh(&out).unwrap(),
+        plus_one,
+        "across the handle's pages"
+    );
+    assert_eq!(stream.clone_dtoh(&big).unwrap(), host);
+    let reserved = alloc.stats().reserved_bytes.all.current as u64;
+    let held = before.saturating_sub(free_memory(&ctx));
+    assert!(
+        held >= reserved,
+        "{} MiB held, {} MiB reserved",
+        held >> 20,
+        reserved >> 20
+    );
+
+    // A 3 MiB block reuses the first handle's first bytes: the rest of it is free, holds
+    // whole pages but no whole handle, so empty_cache unmaps nothing of it.
+    let big_at = big.address();
+    drop(big);
+    let pin = alloc.clone_htod(&pattern(12, 3 * MIB), &stream).unwrap();
+    assert_eq!(pin.address(), big_at);
+    alloc.empty_cache().unwrap();
+    assert_eq!(
+        alloc.stats().reserved_bytes.large_pool.current as u64,
+        128 * mib,
+        "the pinned handle stays whole"
+    );
+    assert_eq!(stream.clone_dtoh(&pin).unwrap(), pattern(12, 3 * MIB));
+    assert_eq!(stream.clone_dtoh(&out).unwrap(), plus_one);
+
+    // Over the reclaim limit, a large request is served from the free handle pages? Never: a
+    // view maps one-page handles only, so a request that would need one grows or reclaims.
+    let again = alloc.clone_htod(&pattern(13, 40 * MIB), &stream).unwrap();
+    assert_eq!(stream.clone_dtoh(&again).unwrap(), pattern(13, 40 * MIB));
+    assert_eq!(stream.clone_dtoh(&pin).unwrap(), pattern(12, 3 * MIB));
+    alloc.check_invariants().unwrap();
+
+    drop((pin, out, again));
+    ctx.synchronize().unwrap();
+    alloc.empty_cache().unwrap();
+    assert_eq!(alloc.stats().reserved_bytes.all.current, 0);
+    ctx.synchronize().unwrap();
+    let after = free_memory(&ctx);
+    assert!(
+        close(after, before, TOLERANCE),
+        "{} MiB before, {} MiB after empty_cache",
+        before >> 20,
+        after >> 20
+    );
+    drop(alloc);
+    ctx.synchronize().unwrap();
+    assert!(close(free_memory(&ctx), before, TOLERANCE));
+}
+
+/// The CUDA backend's half of rule 19j: `map_handle` makes one mapping that `unmap` takes only
+/// whole and `alias` never takes from.
+#[test]
+fn the_backend_maps_a_handle_whole_and_refuses_to_cut_or_alias_it() {
+    let Some(ctx) = gpu("the_backend_maps_a_handle_whole_and_refuses_to_cut_or_alias_it") else {
+        return;
+    };
+    let _device = exclusive();
+    let stream = ctx.new_stream().unwrap();
+    warm_up(&ctx, &stream);
+    let before = free_memory(&ctx);
+    let mut backend = CudaBackend::new(ctx.clone()).unwrap();
+    backend.retain_stream(&stream);
+    let s = stream_id(&stream);
+    let page = 2 * MIB as u64;
+    let base = backend.reserve(64 * page, page).unwrap();
+    backend.map_handle(base, 8 * page).unwrap();
+    assert_eq!(backend.mapped_bytes(), 8 * page);
+    assert!(
+        is_refusal(backend.map_handle(base + 8 * page, page)),
+        "one page"
+    );
+    assert!(is_refusal(backend.unmap(base + page, page, s)), "a part");
+    assert!(is_refusal(backend.unmap(base, 4 * page, s)), "a part");
+    assert!(
+        is_refusal(backend.alias(base + 32 * page, base, page)),
+        "an alias"
+    );
+    assert_eq!(backend.mapped_bytes(), 8 * page, "nothing changed");
+    backend.map(base + 8 * page, page).unwrap();
+    // One unmap over the handle and the page after it: two driver unmaps, both released.
+    backend.unmap(base, 9 * page, s).unwrap();
+    assert_eq!(backend.mapped_bytes(), 0);
+    // Dropped with a handle still mapped: everything goes back.
+    backend.map_handle(base, 4 * page).unwrap();
+    drop(backend);
+    ctx.synchronize().unwrap();
+    assert!(close(free_memory(&ctx), before, TOLERANCE));
+}
