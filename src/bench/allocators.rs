@@ -137,8 +137,8 @@ impl<B: Backend> BenchTarget for CachalotTarget<B> {
         Some((
             s.num_device_alloc + s.num_device_free,
             format!(
-                "device allocs {}, frees {}, map steps {}, unmaps {}",
-                c.allocs, c.frees, c.maps, c.unmaps
+                "device allocs {}, frees {}, map steps {} ({} handles), unmaps {}",
+                c.allocs, c.frees, c.maps, c.handles, c.unmaps
             ),
         ))
     }

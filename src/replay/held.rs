@@ -27,6 +27,10 @@ pub struct DeviceCalls {
     pub maps: u64,
     /// `unmap` steps.
     pub unmaps: u64,
+    /// Handles the map steps created (rule 19j): one per page of a `map`, one per
+    /// `map_handle` — on a GPU each is a `cuMemCreate`, a `cuMemMap` and a `cuMemSetAccess`,
+    /// whatever the step counts say.
+    pub handles: u64,
 }
 
 /// `B` with the program's streams mapped to `B`'s and held-back frees completed by the program.
@@ -44,6 +48,9 @@ pub struct HeldBackDevice<B> {
     /// Side streams with an outstanding event → whether the program has completed their work.
     outstanding: HashMap<StreamId, bool>,
     calls: DeviceCalls,
+    /// Reservations made through this device: first address → (size, page), to count the
+    /// handles of a `map`.
+    reservations: std::collections::BTreeMap<u64, (u64, u64)>,
 }
 
 impl<B: Backend> HeldBackDevice<B> {
@@ -62,6 +69,7 @@ impl<B: Backend> HeldBackDevice<B> {
             held: HashMap::new(),
             outstanding: HashMap::new(),
             calls: DeviceCalls::default(),
+            reservations: std::collections::BTreeMap::new(),
         }
     }
 
@@ -149,16 +157,39 @@ impl<B: Backend> Backend for HeldBackDevice<B> {
     }
 
     fn reserve(&mut self, size: u64, page: u64) -> Result<u64, BackendError> {
-        self.inner.reserve(size, page)
+        let address = self.inner.reserve(size, page)?;
+        self.reservations.insert(address, (size, page));
+        Ok(address)
     }
 
     fn release_reservation(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
-        self.inner.release_reservation(address, size)
+        self.inner.release_reservation(address, size)?;
+        self.reservations.remove(&address);
+        Ok(())
     }
 
+    /// One handle per page (counted by the reservation's page).
     fn map(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
         let r = self.inner.map(address, size);
-        self.calls.maps += u64::from(r.is_ok());
+        if r.is_ok() {
+            self.calls.maps += 1;
+            let page = self
+                .reservations
+                .range(..=address)
+                .next_back()
+                .map_or(size, |(_, &(_, page))| page.max(1));
+            self.calls.handles += size.div_ceil(page);
+        }
+        r
+    }
+
+    /// Rule 19j: `B`'s one handle for a map step, counted as a map step.
+    fn map_handle(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
+        let r = self.inner.map_handle(address, size);
+        if r.is_ok() {
+            self.calls.maps += 1;
+            self.calls.handles += 1;
+        }
         r
     }
 

@@ -89,6 +89,9 @@ impl Backend for Rigged {
     fn map(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
         self.sim.map(address, size)
     }
+    fn map_handle(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
+        self.sim.map_handle(address, size)
+    }
     fn unmap(&mut self, address: u64, size: u64, stream: StreamId) -> Result<(), BackendError> {
         self.sim.unmap(address, size, stream)
     }
