@@ -20,7 +20,7 @@ typedef void *CUcontext;
 typedef void *CUstream;
 typedef void *CUevent;
 
-static uint64_t calls;
+static uint64_t calls, mem_allocs, mem_frees, streams_made, streams_destroyed;
 static uint64_t next_address = 0x7f0000000000ull;
 static uintptr_t next_handle = 0x1000;
 static CUcontext current;
@@ -30,7 +30,10 @@ uint64_t fake_cuda_calls(void) { return calls; }
 
 static void report(void) __attribute__((destructor));
 static void report(void) {
-    if (getenv("FAKE_CUDA_VERBOSE")) fprintf(stderr, "fake libcuda: %llu calls\n", (unsigned long long)calls);
+    if (getenv("FAKE_CUDA_VERBOSE"))
+        fprintf(stderr, "fake libcuda: %llu calls; cuMemAlloc %llu, cuMemFree %llu; streams made %llu, destroyed %llu\n",
+                (unsigned long long)calls, (unsigned long long)mem_allocs, (unsigned long long)mem_frees,
+                (unsigned long long)streams_made, (unsigned long long)streams_destroyed);
 }
 
 #define C (++calls)
@@ -58,9 +61,9 @@ CUresult cuCtxPushCurrent_v2(CUcontext ctx) { C; current = ctx; return 0; }
 CUresult cuCtxPopCurrent_v2(CUcontext *ctx) { C; if (ctx) *ctx = current; return 0; }
 CUresult cuCtxSynchronize(void) { C; return 0; }
 CUresult cuCtxGetDevice(CUdevice *d) { C; *d = 0; return 0; }
-CUresult cuStreamCreate(CUstream *s, unsigned flags) { (void)flags; C; *s = (CUstream)(next_handle += 16); return 0; }
-CUresult cuStreamCreateWithPriority(CUstream *s, unsigned flags, int p) { (void)flags; (void)p; C; *s = (CUstream)(next_handle += 16); return 0; }
-CUresult cuStreamDestroy_v2(CUstream s) { (void)s; C; return 0; }
+CUresult cuStreamCreate(CUstream *s, unsigned flags) { (void)flags; C; ++streams_made; *s = (CUstream)(next_handle += 16); return 0; }
+CUresult cuStreamCreateWithPriority(CUstream *s, unsigned flags, int p) { (void)flags; (void)p; C; ++streams_made; *s = (CUstream)(next_handle += 16); return 0; }
+CUresult cuStreamDestroy_v2(CUstream s) { (void)s; C; ++streams_destroyed; return 0; }
 CUresult cuStreamSynchronize(CUstream s) { (void)s; C; return 0; }
 CUresult cuStreamQuery(CUstream s) { (void)s; C; return 0; }
 CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned f) { (void)s; (void)e; (void)f; C; return 0; }
@@ -74,8 +77,9 @@ CUresult cuEventSynchronize(CUevent e) { (void)e; C; return 0; }
 CUresult cuMemGetInfo_v2(size_t *free, size_t *total) { C; *total = 140ull << 30; *free = *total - (next_address - 0x7f0000000000ull); return 0; }
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t bytes) {
     C;
+    ++mem_allocs;
     *p = next_address;
     next_address += (bytes + (2u << 20) - 1) & ~(uint64_t)((2u << 20) - 1);
     return 0;
 }
-CUresult cuMemFree_v2(CUdeviceptr p) { (void)p; C; return 0; }
+CUresult cuMemFree_v2(CUdeviceptr p) { (void)p; C; ++mem_frees; return 0; }
