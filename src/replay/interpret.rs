@@ -307,6 +307,8 @@ impl Interpreter {
         Ok(done)
     }
 
+    // Inlined into `step`: one call per operation (the replay's loop) instead of two.
+    #[inline(always)]
     fn run<T: ReplayTarget>(
         &mut self,
         target: &mut T,
