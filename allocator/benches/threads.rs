@@ -8,6 +8,12 @@
 //! number of pairs. With one thread this is the time per pair; with more threads it falls as
 //! the allocator scales and rises under contention (the anchor: PyTorch's 2.6–3.2 µs at 8).
 //!
+//! The same one-thread pair through [`DeviceBuffer`](cachalot::cuda::DeviceBuffer) (the
+//! cudarc-facing type: `alloc_buffer`, then drop) is `pair_one_thread/{settings}-buffer`, when a
+//! CUDA driver is found: a GPU's, or, on a machine without one, the stand-in driver of
+//! `benches/fake_driver/` (one made-up device that counts its calls: a hit pair makes none), so
+//! the buffer layer's own cost is measured without a GPU.
+//!
 //! `cargo bench -p cachalot --bench threads`; add `-- --quick` for a short run.
 
 use std::hint::black_box;
@@ -78,7 +84,52 @@ fn one_thread(c: &mut Criterion) {
             g.bench_function(BenchmarkId::new(name, label), |b| b.iter(|| pair(&a, size)));
         }
     }
+    buffers(&mut g);
     g.finish();
+}
+
+/// The sizes of the buffer pairs: two small-pool blocks (the thread caches' sizes) and the
+/// side-by-side GPU benchmark's hot-loop size.
+const BUFFER_SIZES: [(&str, usize); 3] = [("512B", 512), ("64KiB", 64 << 10), ("1MiB", 1 << 20)];
+
+/// One-thread pairs through `DeviceBuffer` (`alloc_buffer`, drop), on device 0 when a driver
+/// is found.
+#[cfg(feature = "cuda")]
+fn buffers(g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>) {
+    use cachalot::cuda::CudaAllocator;
+    use cachalot::cuda::cudarc::driver::CudaContext;
+
+    if let Err(e) = cachalot::cuda::device_count() {
+        eprintln!("pair_one_thread/*-buffer skipped: {e}");
+        return;
+    }
+    let ctx = CudaContext::new(0).expect("device 0");
+    for (name, s) in settings() {
+        let alloc = CudaAllocator::new(ctx.clone(), s).expect("the CUDA allocator");
+        let stream = ctx.new_stream().expect("a stream");
+        for (label, size) in BUFFER_SIZES {
+            let pair = || {
+                let buf = alloc.alloc_buffer::<u8>(black_box(size), &stream).unwrap();
+                drop(black_box(buf));
+            };
+            pair();
+            let calls = alloc.stats().num_device_alloc;
+            g.bench_function(BenchmarkId::new(format!("{name}-buffer"), label), |b| {
+                b.iter(pair)
+            });
+            // A cache hit never reaches the device (nor, with a driver's counters, the driver).
+            assert_eq!(
+                alloc.stats().num_device_alloc,
+                calls,
+                "a pair missed the cache"
+            );
+        }
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn buffers(_: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>) {
+    eprintln!("pair_one_thread/*-buffer skipped: built without the cuda feature");
 }
 
 /// Wall time per pair at 1, 2 and 4 threads, each size class (this 2-core machine: more

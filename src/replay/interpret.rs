@@ -97,16 +97,23 @@ pub enum StartFailure<E> {
     Target(E),
 }
 
+/// What the interpreter knows of one handle.
+#[derive(Clone, Copy, Debug, Default)]
+struct Handle {
+    /// Its address (0 when not live).
+    address: u64,
+    /// Its requested size.
+    size: u64,
+    /// Freed and waiting for its side stream.
+    held_back: bool,
+}
+
 /// One pass of a program over a [`ReplayTarget`]: which handle holds which address, which
 /// frees are held back for their side streams, and the program's live requested bytes.
 #[derive(Clone, Debug)]
 pub struct Interpreter {
-    /// Per handle: its address (0 when not live).
-    live: Vec<u64>,
-    /// Per handle: its requested size.
-    sizes: Vec<u64>,
-    /// Per handle: freed and waiting for its side stream.
-    held_back: Vec<bool>,
+    /// Per handle: its state (one vector, so that an operation looks its handle up once).
+    handles: Vec<Handle>,
     /// Bytes the program holds live (requested sizes).
     requested: u64,
     /// The next entry of [`ReplayProgram::segment_at`] not yet passed.
@@ -118,9 +125,7 @@ impl Interpreter {
     pub fn new(program: &ReplayProgram) -> Interpreter {
         let n = program.num_handles();
         Interpreter {
-            live: vec![0; n],
-            sizes: vec![0; n],
-            held_back: vec![false; n],
+            handles: vec![Handle::default(); n],
             requested: 0,
             next_segment: 0,
         }
@@ -133,16 +138,16 @@ impl Interpreter {
 
     /// The addresses of the handles live now, by handle.
     pub fn live_addresses(&self) -> impl Iterator<Item = u64> + '_ {
-        self.live.iter().copied().filter(|&a| a != 0)
+        self.handles.iter().map(|h| h.address).filter(|&a| a != 0)
     }
 
     /// The handles live now, as `(handle, address)`, by handle.
     pub fn live_handles(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
-        self.live
+        self.handles
             .iter()
             .enumerate()
-            .filter(|&(_, &a)| a != 0)
-            .map(|(id, &a)| (id, a))
+            .filter(|(_, h)| h.address != 0)
+            .map(|(id, h)| (id, h.address))
     }
 
     /// Puts `target` in the state the program's recording began in
@@ -177,14 +182,14 @@ impl Interpreter {
                                     .filter(|h| h.address == b.address)
                                     .ok_or(StartFailure::Inconsistent)?;
                                 if live == BlockStatus::ActivePendingFree {
-                                    self.held_back[h.id] = true;
+                                    self.handles[h.id].held_back = true;
                                     AdoptedState::Pending {
                                         requested: b.requested,
                                         streams: vec![side_stream(h.id)],
                                     }
                                 } else {
-                                    self.live[h.id] = b.address;
-                                    self.sizes[h.id] = h.requested;
+                                    self.handles[h.id].address = b.address;
+                                    self.handles[h.id].size = h.requested;
                                     self.requested += h.requested;
                                     AdoptedState::Allocated {
                                         requested: b.requested,
@@ -255,10 +260,10 @@ impl Interpreter {
                             .record_stream(address, side_stream(h.id))
                             .and_then(|()| target.free(address))
                             .map_err(StartFailure::Target)?;
-                        self.held_back[h.id] = true;
+                        self.handles[h.id].held_back = true;
                     } else {
-                        self.live[h.id] = address;
-                        self.sizes[h.id] = h.requested;
+                        self.handles[h.id].address = address;
+                        self.handles[h.id].size = h.requested;
                         self.requested += h.requested;
                     }
                 }
@@ -307,6 +312,8 @@ impl Interpreter {
         Ok(done)
     }
 
+    // Inlined into `step`: one call per operation (the replay's loop) instead of two.
+    #[inline(always)]
     fn run<T: ReplayTarget>(
         &mut self,
         target: &mut T,
@@ -315,13 +322,13 @@ impl Interpreter {
     ) -> Result<Executed, T::Error> {
         Ok(match ops[i] {
             ReplayOp::Alloc { id, size, stream } => {
-                let Some(slot) = self.live.get_mut(id) else {
+                let Some(handle) = self.handles.get_mut(id) else {
                     return Ok(Executed::Other);
                 };
                 match target.malloc(size, StreamId(stream)) {
                     Ok(address) => {
-                        *slot = address;
-                        self.sizes[id] = size;
+                        handle.address = address;
+                        handle.size = size;
                         self.requested += size;
                         Executed::Allocated
                     }
@@ -330,9 +337,10 @@ impl Interpreter {
                 }
             }
             ReplayOp::FreeRequested { id } => {
-                let Some(&address) = self.live.get(id) else {
+                let Some(handle) = self.handles.get_mut(id) else {
                     return Ok(Executed::Other);
                 };
+                let address = handle.address;
                 if address == 0 {
                     return Ok(Executed::Other);
                 }
@@ -341,17 +349,19 @@ impl Interpreter {
                 // completes at the matching FreeCompleted.
                 let deferred = !matches!(ops.get(i + 1), Some(ReplayOp::FreeCompleted { id: next }) if *next == id);
                 if deferred {
-                    self.held_back[id] = true;
+                    handle.held_back = true;
                     target.record_stream(address, side_stream(id))?;
                 }
                 target.free(address)?;
-                self.live[id] = 0;
-                self.requested -= self.sizes[id];
+                handle.address = 0;
+                self.requested -= handle.size;
                 Executed::Freed
             }
             ReplayOp::FreeCompleted { id } => {
-                if self.held_back.get(id) == Some(&true) {
-                    self.held_back[id] = false;
+                if let Some(handle) = self.handles.get_mut(id)
+                    && handle.held_back
+                {
+                    handle.held_back = false;
                     target.complete_stream(side_stream(id))?;
                 }
                 Executed::Other
@@ -372,13 +382,13 @@ impl Interpreter {
     /// Frees whatever the program left live and completes held-back frees, so that the next
     /// pass starts from the same program state.
     pub fn release_all<T: ReplayTarget>(&mut self, target: &mut T) -> Result<(), T::Error> {
-        for id in 0..self.live.len() {
-            if self.live[id] != 0 {
-                target.free(self.live[id])?;
-                self.live[id] = 0;
+        for (id, handle) in self.handles.iter_mut().enumerate() {
+            if handle.address != 0 {
+                target.free(handle.address)?;
+                handle.address = 0;
             }
-            if self.held_back[id] {
-                self.held_back[id] = false;
+            if handle.held_back {
+                handle.held_back = false;
                 target.complete_stream(side_stream(id))?;
             }
         }

@@ -16,6 +16,12 @@
 //! state (its backend, streams and spare events) goes when the last anchor does: at each
 //! thread's next allocation through any allocator, or when the thread exits.
 //!
+//! A hit pair moves no reference count at all: a buffer dropped on the thread that allocated it
+//! gives its clone of the anchor back to that thread's slot (a few spare clones per anchor),
+//! and the thread's next buffer there takes a spare instead of cloning. The spares are clones
+//! like any other, dropped with the slot, so they keep the anchor exactly as long as the
+//! slot's own reference does.
+//!
 //! Why not a lifetime (`DeviceBuffer<'alloc, T>`)? It would be free at run time, but a cudarc
 //! program keeps its `CudaSlice`s in structs, caches and channels with no lifetime; a buffer
 //! that borrows its allocator could not stand in for one. Why not leak the allocator when the
@@ -28,10 +34,12 @@ use crate::sync::real::{Arc, Ordering};
 use cudarc::driver::CudaStream;
 
 use super::CudaAllocator;
-use super::streams::stream_id;
 
 /// How many anchors a thread keeps (one per allocator and stream it allocated on lately).
 const ANCHORS_PER_THREAD: usize = 4;
+
+/// How many spare clones of one anchor a thread keeps for its next buffers.
+const SPARES_PER_ANCHOR: usize = 16;
 
 /// One thread's reference to an allocator and a stream, shared by the buffers it allocated
 /// there.
@@ -56,9 +64,38 @@ impl Drop for Owner {
     }
 }
 
+/// One of a thread's anchors, with the spare clones its dropped buffers gave back.
+struct Slot {
+    anchor: Arc<Anchor>,
+    /// Clones of `anchor`, handed to the thread's next buffers there (so that a buffer
+    /// allocated and dropped on this thread moves no reference count).
+    spares: Vec<Arc<Anchor>>,
+}
+
 std::thread_local! {
     /// This thread's anchors, most recently used first.
-    static ANCHORS: RefCell<Vec<Arc<Anchor>>> = const { RefCell::new(Vec::new()) };
+    static ANCHORS: RefCell<Vec<Slot>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A buffer's anchor, back from a buffer dropped on this thread: kept as a spare of this
+/// thread's slot for it, if the thread has that slot and room, else dropped (outside the
+/// thread's borrow of its anchors: the last anchor of a closed allocator drops its backend,
+/// which calls the driver).
+#[inline]
+pub(crate) fn give_back(anchor: Arc<Anchor>) {
+    let left = ANCHORS.try_with(|cell| {
+        let Ok(mut slots) = cell.try_borrow_mut() else {
+            return Some(anchor);
+        };
+        match slots.iter_mut().find(|s| Arc::ptr_eq(&s.anchor, &anchor)) {
+            Some(slot) if slot.spares.len() < SPARES_PER_ANCHOR => {
+                slot.spares.push(anchor);
+                None
+            }
+            _ => Some(anchor),
+        }
+    });
+    drop(left);
 }
 
 impl CudaAllocator {
@@ -114,42 +151,67 @@ impl CudaAllocator {
         let _ = self.empty_cache();
     }
 
-    /// This thread's anchor for `stream` in this allocator, made on first use. Looking it up
-    /// and cloning it touch only this thread's memory (the anchor's count is this thread's).
-    pub(crate) fn anchor(&self, stream: &Arc<CudaStream>) -> Arc<Anchor> {
-        let id = stream_id(stream).0;
-        let found = ANCHORS.try_with(|cell| {
-            let Ok(mut anchors) = cell.try_borrow_mut() else {
-                return (None, Vec::new());
-            };
-            if let Some(i) = anchors
-                .iter()
-                .position(|a| a.stream_id == id && Arc::ptr_eq(&a.alloc.shared, &self.shared))
-            {
-                anchors[..=i].rotate_right(1);
-                return (Some(Arc::clone(&anchors[0])), Vec::new());
+    /// This thread's anchor for `stream` (whose id is `id`) in this allocator, made on first
+    /// use. Looking it up and taking a spare clone (or cloning it) touch only this thread's
+    /// memory (the anchor's count is this thread's).
+    #[inline]
+    pub(crate) fn anchor(&self, stream: &Arc<CudaStream>, id: u64) -> Arc<Anchor> {
+        let hit = ANCHORS.try_with(|cell| {
+            let mut slots = cell.try_borrow_mut().ok()?;
+            let i = slots.iter().position(|s| {
+                s.anchor.stream_id == id && Arc::ptr_eq(&s.anchor.alloc.shared, &self.shared)
+            })?;
+            if i > 0 {
+                slots[..=i].rotate_right(1);
             }
-            // A miss: forget the anchors of closed allocators and the least recently used one
-            // (dropped below, outside the borrow: the last anchor of a closed allocator drops
-            // its backend, which calls the driver).
+            let slot = &mut slots[0];
+            Some(
+                slot.spares
+                    .pop()
+                    .unwrap_or_else(|| Arc::clone(&slot.anchor)),
+            )
+        });
+        match hit {
+            Ok(Some(anchor)) => anchor,
+            _ => self.anchor_slow(stream, id),
+        }
+    }
+
+    /// [`CudaAllocator::anchor`] when this thread has none for `stream` here: a new one,
+    /// kept first; the anchors of closed allocators and the least recently used one are
+    /// forgotten.
+    #[cold]
+    fn anchor_slow(&self, stream: &Arc<CudaStream>, id: u64) -> Arc<Anchor> {
+        let made = ANCHORS.try_with(|cell| {
+            let Ok(mut slots) = cell.try_borrow_mut() else {
+                return None;
+            };
+            // Dropped below, outside the borrow: the last anchor of a closed allocator drops
+            // its backend, which calls the driver.
             let mut gone = Vec::new();
             let mut i = 0;
-            while i < anchors.len() {
-                if anchors[i].alloc.is_closed() {
-                    gone.push(anchors.remove(i));
+            while i < slots.len() {
+                if slots[i].anchor.alloc.is_closed() {
+                    gone.push(slots.remove(i));
                 } else {
                     i += 1;
                 }
             }
             let anchor = Arc::new(self.new_anchor(stream, id));
-            anchors.insert(0, Arc::clone(&anchor));
-            if anchors.len() > ANCHORS_PER_THREAD {
-                gone.extend(anchors.pop());
+            slots.insert(
+                0,
+                Slot {
+                    anchor: Arc::clone(&anchor),
+                    spares: Vec::with_capacity(SPARES_PER_ANCHOR),
+                },
+            );
+            if slots.len() > ANCHORS_PER_THREAD {
+                gone.extend(slots.pop());
             }
-            (Some(anchor), gone)
+            Some((anchor, gone))
         });
-        match found {
-            Ok((Some(anchor), gone)) => {
+        match made {
+            Ok(Some((anchor, gone))) => {
                 drop(gone);
                 anchor
             }

@@ -61,8 +61,9 @@ const NO_STREAM: u64 = u64::MAX;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct DeviceBlock {
-    /// The allocator and the stream, through this thread's anchor (see `anchor`).
-    anchor: Arc<Anchor>,
+    /// The allocator and the stream, through this thread's anchor (see `anchor`). `None` only
+    /// while the block is being dropped (its anchor goes back to the thread's spares).
+    anchor: Option<Arc<Anchor>>,
     address: CUdeviceptr,
     bytes: usize,
     /// The stream whose use was recorded last with the allocator, to skip recording it again.
@@ -76,7 +77,7 @@ impl std::fmt::Debug for DeviceBlock {
         f.debug_struct("DeviceBlock")
             .field("address", &format_args!("{:#x}", self.address))
             .field("bytes", &self.bytes)
-            .field("stream", &self.anchor.stream_id)
+            .field("stream", &self.anchor().stream_id)
             .finish()
     }
 }
@@ -84,12 +85,20 @@ impl std::fmt::Debug for DeviceBlock {
 impl DeviceBlock {
     pub(crate) fn new(anchor: Arc<Anchor>, address: u64, bytes: usize) -> Self {
         DeviceBlock {
-            anchor,
+            anchor: Some(anchor),
             address,
             bytes,
             last_use: AtomicU64::new(NO_STREAM),
             tracking: OnceLock::new(),
         }
+    }
+
+    /// The allocator and the stream.
+    #[inline]
+    fn anchor(&self) -> &Anchor {
+        self.anchor
+            .as_deref()
+            .expect("a block has its anchor until it is dropped")
     }
 
     /// The block's size in bytes, as asked for (the allocator may have reserved more).
@@ -109,14 +118,14 @@ impl DeviceBlock {
 
     /// The stream the block was allocated on.
     pub fn stream(&self) -> &Arc<CudaStream> {
-        &self.anchor.stream
+        &self.anchor().stream
     }
 
     /// A handle to the allocator it came from, while the program still holds one (`None`
     /// once the program dropped its last handle: the allocator then lives on only for its
     /// remaining buffers, and gives their memory back as they are dropped).
     pub fn allocator(&self) -> Option<CudaAllocator> {
-        self.anchor.alloc.upgrade()
+        self.anchor().alloc.upgrade()
     }
 
     /// Driver calls made so far to order this block's data between streams (event records and
@@ -134,11 +143,11 @@ impl DeviceBlock {
     /// Recording the block's own stream, or an empty block, does nothing.
     pub fn record_stream(&self, stream: &Arc<CudaStream>) -> Result<(), CudaError> {
         if self.address == 0
-            || (stream_id(stream).0 == self.anchor.stream_id && self.same_context(stream))
+            || (stream_id(stream).0 == self.anchor().stream_id && self.same_context(stream))
         {
             return Ok(());
         }
-        self.anchor.alloc.record_raw_stream(self.address, stream)
+        self.anchor().alloc.record_raw_stream(self.address, stream)
     }
 
     pub(crate) fn address_ref(&self) -> &u64 {
@@ -146,7 +155,7 @@ impl DeviceBlock {
     }
 
     fn same_context(&self, stream: &CudaStream) -> bool {
-        stream.context().cu_ctx() == self.anchor.stream.context().cu_ctx()
+        stream.context().cu_ctx() == self.anchor().stream.context().cu_ctx()
     }
 
     fn tracking(&self) -> &Tracking {
@@ -160,14 +169,14 @@ impl DeviceBlock {
         if self.address == 0 {
             return SyncOnDrop::Record(None);
         }
-        let alloc = &self.anchor.alloc;
+        let alloc = &self.anchor().alloc;
         let id = stream_id(stream).0;
-        if id == self.anchor.stream_id && self.same_context(stream) {
+        if id == self.anchor().stream_id && self.same_context(stream) {
             // The owner's stream: nothing to do unless another stream used the block.
             if let Some(t) = self.tracking.get()
                 && alloc.data_ordering()
             {
-                t.owner_use(&self.anchor.stream, access);
+                t.owner_use(&self.anchor().stream, access);
             }
             return SyncOnDrop::Record(None);
         }
@@ -175,13 +184,13 @@ impl DeviceBlock {
             // Another device's stream: no event of this device can order or track it. The
             // host waits for this block's work first, and for the use after it is queued.
             if alloc.data_ordering() {
-                self.tracking().other_device_use(&self.anchor.stream);
+                self.tracking().other_device_use(&self.anchor().stream);
             }
             return SyncOnDrop::Sync(Some(stream));
         }
         let guard = if alloc.data_ordering() {
             self.tracking()
-                .foreign_use(&self.anchor.stream, stream, access)
+                .foreign_use(&self.anchor().stream, stream, access)
         } else {
             SyncOnDrop::Record(None)
         };
@@ -201,14 +210,21 @@ impl DeviceBlock {
 
 impl Drop for DeviceBlock {
     fn drop(&mut self) {
-        let alloc = &self.anchor.alloc;
+        let Some(anchor) = self.anchor.take() else {
+            return;
+        };
+        let alloc = &anchor.alloc;
         // Freeing a live block fails only if the device fails while recording events; the
         // block then stays allocated until the allocator itself is dropped.
-        let _ = alloc.free_block(self.address);
+        alloc.drop_block(self.address);
         // The program dropped the allocator: what this block leaves empty goes back now
-        // (checked after the free, so a concurrent close either sees this block or is seen).
+        // (checked after the free, so a concurrent close either sees this block or is seen),
+        // and its anchor goes with the block. Otherwise the anchor goes back to this thread's
+        // spares, for its next buffer (no reference count moved).
         if alloc.is_closed() {
             alloc.release_cache();
+        } else {
+            super::anchor::give_back(anchor);
         }
     }
 }
@@ -218,7 +234,7 @@ impl DeviceSlice<u8> for DeviceBlock {
         self.bytes
     }
     fn stream(&self) -> &Arc<CudaStream> {
-        &self.anchor.stream
+        &self.anchor().stream
     }
 }
 

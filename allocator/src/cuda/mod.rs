@@ -81,7 +81,7 @@ pub use streams::stream_id;
 pub use summary::memory_summary;
 pub use view::{DeviceView, DeviceViewMut};
 
-use crate::backend::MemInfo;
+use crate::backend::{MemInfo, StreamId};
 use crate::error::Error;
 use crate::frontend::Allocator;
 use crate::history::HistoryOptions;
@@ -115,6 +115,13 @@ pub fn device_count() -> Result<usize, CudaError> {
         reason: format!("the CUDA driver failed to initialise: {e}"),
     })?;
     Ok(usize::try_from(count).unwrap_or(0))
+}
+
+/// Drops the error of a free no one can be told of, off the hot path.
+#[cold]
+#[inline(never)]
+fn dropped_error(e: Error) {
+    drop(e);
 }
 
 /// Allocator numbers, for [`Shared::id`].
@@ -306,9 +313,14 @@ impl CudaAllocator {
         Ok(())
     }
 
-    fn malloc_on(&self, bytes: u64, stream: &Arc<CudaStream>) -> Result<u64, CudaError> {
-        self.check_stream(stream)?;
-        let id = stream_id(stream);
+    /// Allocates for `stream` (its id `id`, already checked to be this device's).
+    #[inline]
+    fn malloc_on(
+        &self,
+        bytes: u64,
+        stream: &Arc<CudaStream>,
+        id: StreamId,
+    ) -> Result<u64, CudaError> {
         // The registry keeps every allocation stream alive. Retaining takes the registry's
         // lock, shared by every thread, so each thread remembers the last (allocator,
         // generation, stream) it retained and skips the lock when nothing changed: the
@@ -352,24 +364,30 @@ impl CudaAllocator {
     /// let small = alloc.alloc(4096, &stream)?; // still usable
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[inline]
     pub fn alloc(&self, bytes: usize, stream: &Arc<CudaStream>) -> Result<DeviceBlock, CudaError> {
-        let address = self.malloc_on(bytes as u64, stream)?;
+        self.check_stream(stream)?;
+        let id = stream_id(stream);
+        let address = self.malloc_on(bytes as u64, stream, id)?;
         // The block holds this thread's anchor for (allocator, stream), not a clone of the
         // allocator: no counter shared between threads is touched (see `anchor`).
-        let anchor = self.anchor(stream);
+        let anchor = self.anchor(stream, id.0);
         Ok(DeviceBlock::new(anchor, address, bytes))
     }
 
+    #[inline]
     fn typed_block<T>(
         &self,
         len: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<DeviceBuffer<T>, CudaError> {
-        let bytes = len
-            .checked_mul(std::mem::size_of::<T>())
-            .ok_or(Error::TooLarge {
+        // A `let else`, not `ok_or`: that builds (and drops) the error on every call.
+        let Some(bytes) = len.checked_mul(std::mem::size_of::<T>()) else {
+            return Err(Error::TooLarge {
                 requested: u64::MAX,
-            })?;
+            }
+            .into());
+        };
         Ok(DeviceBuffer::from_block(self.alloc(bytes, stream)?, len))
     }
 
@@ -447,7 +465,8 @@ impl CudaAllocator {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn malloc_raw(&self, bytes: usize, stream: &Arc<CudaStream>) -> Result<u64, CudaError> {
-        let address = self.malloc_on(bytes as u64, stream)?;
+        self.check_stream(stream)?;
+        let address = self.malloc_on(bytes as u64, stream, stream_id(stream))?;
         if address != 0 {
             self.raw_set().insert(address);
         }
@@ -482,6 +501,16 @@ impl CudaAllocator {
     /// Returns a block's memory to the cache (the block is being dropped).
     pub(crate) fn free_block(&self, address: u64) -> Result<(), CudaError> {
         Ok(self.inner.free(address)?)
+    }
+
+    /// [`CudaAllocator::free_block`] for a block being dropped, which has no one to tell of a
+    /// failure (the device failed while recording events: the block then stays allocated
+    /// until the allocator itself is dropped).
+    #[inline]
+    pub(crate) fn drop_block(&self, address: u64) {
+        if let Err(e) = self.inner.free(address) {
+            dropped_error(e);
+        }
     }
 
     /// Marks the live allocation at `address` as used on `stream`: when freed, it is not reused
