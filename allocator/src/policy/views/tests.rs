@@ -103,6 +103,9 @@ impl Backend for Rigged {
         }
         self.sim.alias(address, source, size)
     }
+    fn wait_stream(&mut self, waiter: StreamId, on: StreamId) -> Result<(), BackendError> {
+        self.sim.wait_stream(waiter, on)
+    }
 }
 
 /// Both checkers: the core's (rule 23j), and the device's own page table — the physical
