@@ -241,7 +241,11 @@ fn while_stitching_rule_20_reclaims_only_the_requests_pool_alike() {
     assert_eq!(stat(&o, "reserved_bytes.all.current"), 6 * MIB);
     assert_eq!(stat(&o, "num_device_free"), 0, "nothing unmapped");
     assert_eq!(stat(&o, "num_device_alloc"), 2 + 1, "two maps, one alias");
-    assert_eq!(o.stream_waits, (1, vec![(1, 0)]), "rule 23k: stream 1 waits for 0");
+    assert_eq!(
+        o.stream_waits,
+        (1, vec![(1, 0)]),
+        "rule 23k: stream 1 waits for 0"
+    );
 }
 
 /// Rule 23k: a view of stream 1 over stream 0's free pages, kept and reused every pass with
@@ -289,11 +293,17 @@ fn random_stitching_sequences_make_views_across_streams() {
     let strategy = stitching_scenario();
     let (mut with_waits, mut waits) = (0, 0);
     for _ in 0..200 {
-        let scenario = strategy.new_tree(&mut runner).expect("a scenario").current();
+        let scenario = strategy
+            .new_tree(&mut runner)
+            .expect("a scenario")
+            .current();
         let o = run_scenario_observed(&scenario).unwrap_or_else(|e| panic!("{e}"));
         with_waits += usize::from(o.stream_waits.0 > 0);
         waits += o.stream_waits.0;
     }
     eprintln!("rule 23k: {with_waits} of 200 sequences made {waits} stream waits");
-    assert!(with_waits >= 20, "only {with_waits} of 200 sequences crossed streams");
+    assert!(
+        with_waits >= 20,
+        "only {with_waits} of 200 sequences crossed streams"
+    );
 }

@@ -1,8 +1,9 @@
 //! Rule 23: stitched views (cachalot's own policy, `page_stitching:True`).
 //!
 //! Pages keep their homes. At rule 20's over-limit point a large request gets a *view*: a
-//! reservation of its own whose slots map, a second time, free pages of the stream's ranges
-//! where they lie. The view is kept, mapped, and handed out again to a later request of the
+//! reservation of its own whose slots map, a second time, free pages of the ranges of any
+//! stream where they lie (rule 23k: the request's stream's first; a page of another stream's
+//! range orders the streams with a wait at the hand-out and at the free). The view is kept, mapped, and handed out again to a later request of the
 //! same number of pages whenever the pieces it would hold are free. The model keeps the views
 //! in a `Vec` in the order they were made, each with the home slots its slots map and, while
 //! in use, its allocation (rounded and requested size, the streams that used it, its pending
@@ -11,7 +12,7 @@
 //!
 //! This file holds: the views and their allocations (23a), held pieces (23b), usable (23c),
 //! the hand-out (23d), the return (23e), making a view (23f), the cap (23g), destroying views
-//! (23h) and the invariant (23j). Where the rules use these: `lib.rs` (the hand-out after
+//! (23h), the invariant (23j) and the waits of views across streams (23k). Where the rules use these: `lib.rs` (the hand-out after
 //! best fit, free, record_stream), `policy.rs` (events, rule 17a's search, the statistics),
 //! `expandable.rs` (rule 20's point in growth, destroying before an unmap), `release.rs`
 //! (rule 9), `threads.rs` (parking).
@@ -603,9 +604,7 @@ impl Model {
                 };
                 let range = &self.segments[s];
                 // Rule 23k: a range of any stream.
-                if !self.pool_stitches(range.pool)
-                    || !(home - range.address).is_multiple_of(page)
-                {
+                if !self.pool_stitches(range.pool) || !(home - range.address).is_multiple_of(page) {
                     return fault(format!(
                         "{name}: home {home:#x} is not a slot of its ranges"
                     ));

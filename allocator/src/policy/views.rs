@@ -2,7 +2,9 @@
 //! made once for one large request and kept for the next time the same request comes.
 //!
 //! The one rule: a view never moves a page. Its slot `i` maps the page of the home slot
-//! `h_i` of a range of its stream for the view's whole life; while the view is in use its
+//! `h_i` of a range — of its stream or, by rule 23k, of another (its *foreign* streams, kept
+//! with the view: its hand-out makes its stream wait for them and its free makes them wait
+//! for its stream, [`Backend::wait_stream`]) — for the view's whole life; while the view is in use its
 //! allocation's bytes are *held* at the homes — blocks of the ranges in state
 //! [`BlockPhase::Held`], in no free set — so no physical byte lies under two live blocks.
 //!
@@ -368,7 +370,11 @@ impl<B: Backend> CachingCore<B> {
         // Rule 23k: the request's stream's blocks first, then the others'.
         order.sort_unstable_by_key(|&i| {
             let b = self.blocks.get(listed[i].2);
-            (b.stream != stream, std::cmp::Reverse(listed[i].0), b.address)
+            (
+                b.stream != stream,
+                std::cmp::Reverse(listed[i].0),
+                b.address,
+            )
         });
         // The runs taken, in order: (range, first slot, slots, the free block holding them).
         let mut runs: Vec<(u64, u64, u64, BlockId)> = Vec::new();
@@ -491,7 +497,9 @@ impl<B: Backend> CachingCore<B> {
         let (stream, foreign) = (view.stream, view.foreign.clone());
         for t in foreign {
             let (waiter, on) = if freeing { (t, stream) } else { (stream, t) };
-            self.backend.wait_stream(waiter, on).map_err(Error::Backend)?;
+            self.backend
+                .wait_stream(waiter, on)
+                .map_err(Error::Backend)?;
         }
         Ok(())
     }

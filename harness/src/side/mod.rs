@@ -276,7 +276,9 @@ pub struct Observation {
 pub const STREAM_WAITS_TAIL: usize = 64;
 
 /// Rule 23k: a device's log of stream waits as an [`Observation`] holds it.
-pub fn stream_waits_observed(log: impl ExactSizeIterator<Item = (u64, u64)>) -> (usize, Vec<(u64, u64)>) {
+pub fn stream_waits_observed(
+    log: impl ExactSizeIterator<Item = (u64, u64)>,
+) -> (usize, Vec<(u64, u64)>) {
     let n = log.len();
     (n, log.skip(n.saturating_sub(STREAM_WAITS_TAIL)).collect())
 }
