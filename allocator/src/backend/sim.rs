@@ -22,7 +22,7 @@ pub struct Faults {
     pub alloc_error: u32,
     /// Frees that report a device error (the memory stays allocated).
     pub free_error: u32,
-    /// Event recordings that fail.
+    /// Event recordings that fail (a stream wait, rule 23k, records one: it counts).
     pub record_error: u32,
     /// Event queries that fail.
     pub query_error: u32,
@@ -658,8 +658,12 @@ impl Backend for SimDevice {
         true
     }
 
-    /// Rule 23k: logged, in order ([`SimDevice::stream_waits`]); never fails.
+    /// Rule 23k: logged, in order ([`SimDevice::stream_waits`]). A wait records an event, so
+    /// an injected recording fault ([`Faults::record_error`]) fails it, with nothing logged.
     fn wait_stream(&mut self, waiter: StreamId, on: StreamId) -> Result<(), BackendError> {
+        if take(&mut self.faults.record_error) {
+            return Err(device_error("wait_stream"));
+        }
         self.stream_waits.push((waiter, on));
         Ok(())
     }

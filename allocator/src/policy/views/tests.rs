@@ -905,3 +905,25 @@ fn rule_23k_a_failing_wait_fails_the_free_and_the_hand_out_with_nothing_changed(
     assert_eq!(c.malloc(4 * MIB, S1).unwrap(), V0);
     assert_eq!(c.backend().sim.stream_waits(), [(S1, S), (S, S1), (S1, S)]);
 }
+
+#[test]
+fn rule_23k_an_injected_recording_fault_fails_the_wait_of_a_hand_out_on_the_simulated_device() {
+    let mut c = core(1 << 30);
+    stream_zero_free(&mut c);
+    let e = c.malloc(4 * MIB, S1).unwrap();
+    c.free(e).unwrap();
+    c.backend_mut().inject(crate::backend::sim::Faults {
+        record_error: 1,
+        ..crate::backend::sim::Faults::default()
+    });
+    assert_eq!(
+        c.malloc(4 * MIB, S1),
+        Err(Error::Backend(BackendError::Injected {
+            operation: "wait_stream"
+        }))
+    );
+    check(&c);
+    assert_eq!(c.view_counts(), (1, 0));
+    assert_eq!(c.backend().stream_waits().len(), 2);
+    assert_eq!(c.malloc(4 * MIB, S1).unwrap(), V0);
+}
