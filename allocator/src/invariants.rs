@@ -847,6 +847,7 @@ fn check_views(
         if distinct.windows(2).any(|w| w[0] == w[1]) {
             return Err(err(view.address, "a view maps one home twice"));
         }
+        let mut foreign: Vec<StreamId> = Vec::new();
         for &(base, home) in &view.homes {
             let Some(range) = parts.ranges.get(&base) else {
                 return Err(err(home, "a view's home in no range"));
@@ -855,17 +856,17 @@ fn check_views(
                 .get(&base)
                 .copied()
                 .unwrap_or((Pool::Small, view.stream));
-            if stream != view.stream
-                || range.page != page
+            // Rule 23k: a range of any stream; the others are the view's foreign streams.
+            if stream != view.stream {
+                foreign.push(stream);
+            }
+            if range.page != page
                 || (pool == Pool::Small && range.page != SMALL_BUFFER)
                 || home < base
                 || !(home - base).is_multiple_of(page)
                 || home + page > base + range.size
             {
-                return Err(err(
-                    home,
-                    "a view's home is not a slot of a range of its stream",
-                ));
+                return Err(err(home, "a view's home is not a slot of a range"));
             }
             // Every block over the home slot is mapped (its own memory).
             let mut cur = at.range(..=home).next_back().map(|(_, &id)| id);
@@ -882,6 +883,14 @@ fn check_views(
             if !views.by_home.contains(&(home, seq)) {
                 return Err(err(home, "a view's home missing from the home index"));
             }
+        }
+        foreign.sort_unstable();
+        foreign.dedup();
+        if foreign != view.foreign {
+            return Err(err(
+                view.address,
+                "a view's foreign streams are not its homes' (rule 23k)",
+            ));
         }
         let in_free_index = views.free_by_size.contains(&(view.stream, n as u64, seq))
             && views.lru.contains(&(view.stamp, seq));

@@ -94,3 +94,36 @@ fn a_view_freed_by_one_thread_while_another_asks_for_its_size_is_handed_out_once
         settle(&a, &shadow);
     });
 }
+
+/// Rule 23k: stream 1's request makes a view over stream 0's free pages while another thread
+/// frees and takes memory on stream 0 beside them: no byte under two live allocations, and
+/// every hand-out of a view across the streams (stream 1 waits for 0) is matched, once its
+/// allocation is freed, by the free's wait (stream 0 waits for 1).
+#[test]
+fn a_view_across_streams_made_while_the_other_stream_frees_shares_no_byte_and_waits_both_ways() {
+    model(|| {
+        let a = Allocator::new(SimDevice::new(64 * MIB), stitching()).unwrap();
+        let shadow = Shadow::default();
+        let (x, y) = with_holes(&a, &shadow);
+        shadow.free(&a, y);
+        // Stream 0 frees X (merging the holes) and takes 4 MiB while stream 1's 5 MiB request,
+        // with no range of its own, is served by a view of stream 0's free pages.
+        let (a1, sh1) = (a.clone(), shadow.clone());
+        let other = loom::thread::spawn(move || {
+            sh1.free(&a1, x);
+            sh1.malloc(&a1, 4 * MIB, 0);
+        });
+        let v = shadow.malloc(&a, 5 * MIB, 1);
+        other.join().unwrap();
+        physically_disjoint(&a, &shadow);
+        shadow.free(&a, v);
+        a.with_backend(|d| {
+            let waits = d.stream_waits();
+            let there = waits.iter().filter(|w| (w.0.0, w.1.0) == (1, 0)).count();
+            let back = waits.iter().filter(|w| (w.0.0, w.1.0) == (0, 1)).count();
+            assert_eq!(there, back, "{waits:?}");
+            assert_eq!(there + back, waits.len(), "{waits:?}");
+        });
+        settle(&a, &shadow);
+    });
+}

@@ -82,6 +82,8 @@ pub struct Model {
     next_view: u64,
     /// Rule 23g: a clock of view hand-outs and makings.
     view_tick: u64,
+    /// Rule 23k: the device's log of stream waits, `(waiter, on)`, in the order made.
+    stream_waits: Vec<(u64, u64)>,
     /// Rule 19j: the handles of more than one page, by first byte: their bytes. Every other
     /// mapped page of a range is a handle of its own.
     handles: std::collections::BTreeMap<u64, u64>,
@@ -145,6 +147,7 @@ impl Model {
             views: Vec::new(),
             next_view: 0,
             view_tick: 0,
+            stream_waits: Vec::new(),
             handles: std::collections::BTreeMap::new(),
             handles_made: 0,
         };

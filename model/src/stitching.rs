@@ -1,8 +1,9 @@
 //! Rule 23: stitched views (cachalot's own policy, `page_stitching:True`).
 //!
 //! Pages keep their homes. At rule 20's over-limit point a large request gets a *view*: a
-//! reservation of its own whose slots map, a second time, free pages of the stream's ranges
-//! where they lie. The view is kept, mapped, and handed out again to a later request of the
+//! reservation of its own whose slots map, a second time, free pages of the ranges of any
+//! stream where they lie (rule 23k: the request's stream's first; a page of another stream's
+//! range orders the streams with a wait at the hand-out and at the free). The view is kept, mapped, and handed out again to a later request of the
 //! same number of pages whenever the pieces it would hold are free. The model keeps the views
 //! in a `Vec` in the order they were made, each with the home slots its slots map and, while
 //! in use, its allocation (rounded and requested size, the streams that used it, its pending
@@ -11,7 +12,7 @@
 //!
 //! This file holds: the views and their allocations (23a), held pieces (23b), usable (23c),
 //! the hand-out (23d), the return (23e), making a view (23f), the cap (23g), destroying views
-//! (23h) and the invariant (23j). Where the rules use these: `lib.rs` (the hand-out after
+//! (23h), the invariant (23j) and the waits of views across streams (23k). Where the rules use these: `lib.rs` (the hand-out after
 //! best fit, free, record_stream), `policy.rs` (events, rule 17a's search, the statistics),
 //! `expandable.rs` (rule 20's point in growth, destroying before an unmap), `release.rs`
 //! (rule 9), `threads.rs` (parking).
@@ -43,7 +44,10 @@
 //!   views whose allocations were pending are free by then) and before the first pool's
 //!   whole segments are given back;
 //! - the parts of a free block left by carving a piece keep the time they entered the free
-//!   set (as 23d says); a returned piece enters it now (rule 10).
+//!   set (as 23d says); a returned piece enters it now (rule 10);
+//! - rule 23k's foreign streams are found afresh from the homes (the streams of the ranges
+//!   holding them, other than the view's), ascending; the waits are the model's device log,
+//!   [`Model::stream_waits`]; the model's device never fails a wait.
 
 use std::collections::BTreeSet;
 
@@ -89,6 +93,8 @@ pub(crate) struct ViewAllocation {
 /// Rule 23f: one free block that gives pages to a new view.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Giver {
+    /// Rule 23k: whether it lies in a range of another stream than the request's.
+    foreign: bool,
     /// Bytes of the slots of its range lying wholly inside it (rule 19j: of one-page handles).
     page_bytes: u64,
     /// The block's first byte.
@@ -175,6 +181,11 @@ impl Model {
     /// call. The address.
     pub(crate) fn hand_out_view(&mut self, v: usize, rounded: u64, requested: u64) -> u64 {
         assert!(self.view_usable(v, rounded), "a handed-out view is usable");
+        // Rule 23k: the view's stream waits for each foreign stream's work so far.
+        let stream = self.views[v].stream;
+        for t in self.foreign_streams(v) {
+            self.stream_waits.push((stream, t));
+        }
         for (address, size) in self.pieces(&self.views[v].homes.clone(), rounded) {
             self.carve_piece(address, size);
         }
@@ -224,6 +235,30 @@ impl Model {
         blocks.splice(b..=b, pieces);
     }
 
+    /// Rule 23k: the foreign streams of the view at index `v`: the streams other than its own
+    /// of the ranges its homes lie in, ascending, each once.
+    fn foreign_streams(&self, v: usize) -> Vec<u64> {
+        let view = &self.views[v];
+        let streams: BTreeSet<u64> = view
+            .homes
+            .iter()
+            .map(|&h| {
+                self.segments
+                    .iter()
+                    .find(|r| r.expandable && r.address <= h && h - r.address < r.size)
+                    .expect("a home lies in a range")
+                    .stream
+            })
+            .filter(|&t| t != view.stream)
+            .collect();
+        streams.into_iter().collect()
+    }
+
+    /// Rule 23k: the device's log of stream waits, `(waiter, on)`, in the order made.
+    pub fn stream_waits(&self) -> &[(u64, u64)] {
+        &self.stream_waits
+    }
+
     /// The index of the view in use whose allocation is at `address`, if any.
     pub(crate) fn view_in_use_at(&self, address: u64) -> Option<usize> {
         self.views
@@ -243,6 +278,11 @@ impl Model {
     /// an allocation at once; then it waits for one event per other stream that used it, or
     /// returns now.
     pub(crate) fn free_view_allocation(&mut self, v: usize) {
+        // Rule 23k: each foreign stream waits for the view's stream's work so far.
+        let stream = self.views[v].stream;
+        for t in self.foreign_streams(v) {
+            self.stream_waits.push((t, stream));
+        }
         let address = self.views[v].address;
         let allocation = self.view_allocation(v);
         allocation.state = BlockState::Pending;
@@ -339,9 +379,10 @@ impl Model {
         let k = rounded.div_ceil(page);
         // The free pages, by giver: listed once, largest first, then by address (across
         // pools).
+        // Rule 23k: the ranges of every stream, the request's stream's blocks first.
         let mut givers = Vec::new();
         for range in &self.segments {
-            if !range.expandable || range.stream != stream || !self.pool_stitches(range.pool) {
+            if !range.expandable || !self.pool_stitches(range.pool) {
                 continue;
             }
             for block in range.blocks.iter().filter(|b| b.in_free_set()) {
@@ -354,6 +395,7 @@ impl Model {
                         .collect();
                     if !slots.is_empty() {
                         givers.push(Giver {
+                            foreign: range.stream != stream,
                             page_bytes: slots.len() as u64 * page,
                             address: block.address,
                             slots,
@@ -366,7 +408,7 @@ impl Model {
         if free_pages < k {
             return None;
         }
-        givers.sort_by_key(|g| (std::cmp::Reverse(g.page_bytes), g.address));
+        givers.sort_by_key(|g| (g.foreign, std::cmp::Reverse(g.page_bytes), g.address));
         // The runs taken, in the order taken: (first slot, slots).
         let mut runs: Vec<(u64, u64)> = Vec::new();
         let mut taken = 0;
@@ -515,7 +557,7 @@ impl Model {
     }
 
     /// Rule 23j: every view's slots map distinct pages whose homes are mapped slots of
-    /// ranges of its stream (of the pools of 23a), on the device too; a view in use holds
+    /// ranges of any stream (rule 23k; of the pools of 23a), on the device too; a view in use holds
     /// exactly the pieces of 23b and a free view none; every held piece belongs to exactly
     /// one view in use; the views' bytes are within the cap; numbers rise in the order made.
     pub(crate) fn check_views(&self) -> Result<(), InvariantViolation> {
@@ -561,10 +603,8 @@ impl Model {
                     return fault(format!("{name}: home {home:#x} lies in no range"));
                 };
                 let range = &self.segments[s];
-                if range.stream != view.stream
-                    || !self.pool_stitches(range.pool)
-                    || !(home - range.address).is_multiple_of(page)
-                {
+                // Rule 23k: a range of any stream.
+                if !self.pool_stitches(range.pool) || !(home - range.address).is_multiple_of(page) {
                     return fault(format!(
                         "{name}: home {home:#x} is not a slot of its ranges"
                     ));

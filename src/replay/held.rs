@@ -205,4 +205,11 @@ impl<B: Backend> Backend for HeldBackDevice<B> {
         self.calls.maps += u64::from(r.is_ok());
         r
     }
+
+    /// Rule 23k: `B`'s, on the streams the program's stand for; not a memory call, so not
+    /// counted.
+    fn wait_stream(&mut self, waiter: StreamId, on: StreamId) -> Result<(), BackendError> {
+        let (waiter, on) = (self.real_stream(waiter), self.real_stream(on));
+        self.inner.wait_stream(waiter, on)
+    }
 }

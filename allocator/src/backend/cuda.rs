@@ -387,6 +387,42 @@ impl Backend for CudaBackend {
     fn alias(&mut self, address: u64, source: u64, size: u64) -> Result<(), BackendError> {
         self.vmm_alias(address, source, size)
     }
+
+    /// Rule 23k: an event of the spare pool recorded on `on` (`cuEventRecord`), `waiter` made
+    /// to wait for it (`cuStreamWaitEvent`), the event back to the pool (the wait keeps the
+    /// work it captured; reusing the event later records anew without touching the wait). A
+    /// stream the backend does not know is ordered by synchronising the device instead.
+    fn wait_stream(&mut self, waiter: StreamId, on: StreamId) -> Result<(), BackendError> {
+        self.bind()?;
+        if waiter == on {
+            return Ok(());
+        }
+        if !self.knows_stream(waiter) || !self.knows_stream(on) {
+            return self.synchronize_all();
+        }
+        let handle = self.take_spare_event()?;
+        // SAFETY: `handle` is a live event from cuEventCreate (taken from the spare pool, so
+        // no one else records on it now); both stream handles are ones the backend was shown
+        // through a `&CudaStream` of this context (or built-in streams), so they are stream
+        // handles of this context. If an owner destroyed one since, the driver reports an
+        // error, handled below; cuStreamWaitEvent reads the event's recorded state when it is
+        // called, so recording on the event again later does not change this wait.
+        let waited = unsafe {
+            result::event::record(handle as sys::CUevent, on.0 as sys::CUstream).and_then(|()| {
+                result::stream::wait_event(
+                    waiter.0 as sys::CUstream,
+                    handle as sys::CUevent,
+                    sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                )
+            })
+        };
+        self.release_event(handle);
+        match waited {
+            Ok(()) => Ok(()),
+            // A stream gone: order by waiting for all the device's work, which is safe.
+            Err(_) => self.synchronize_all(),
+        }
+    }
 }
 
 impl Drop for CudaBackend {

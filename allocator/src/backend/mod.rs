@@ -184,6 +184,19 @@ pub trait Backend {
         let _ = (address, source);
         Err(no_virtual_memory("alias", size))
     }
+
+    /// Rule 23k: makes the work queued on `waiter` from now on wait for the work queued on
+    /// `on` so far, without the host waiting (`cuEventRecord` on `on`, `cuStreamWaitEvent` on
+    /// `waiter`). Not a memory call: it counts in no statistic. A stitched view that holds
+    /// pages of another stream's range orders the two streams with it.
+    ///
+    /// The default refuses, as the virtual-memory calls do: only stitched views (rule 23,
+    /// which needs virtual memory) make it, so a backend without virtual memory never sees it,
+    /// and a wrapper that forgets to forward it fails loudly instead of leaving work unordered.
+    fn wait_stream(&mut self, waiter: StreamId, on: StreamId) -> Result<(), BackendError> {
+        let _ = (waiter, on);
+        Err(no_virtual_memory("wait_stream", 0))
+    }
 }
 
 fn no_virtual_memory(operation: &'static str, size: u64) -> BackendError {

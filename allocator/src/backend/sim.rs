@@ -22,7 +22,7 @@ pub struct Faults {
     pub alloc_error: u32,
     /// Frees that report a device error (the memory stays allocated).
     pub free_error: u32,
-    /// Event recordings that fail.
+    /// Event recordings that fail (a stream wait, rule 23k, records one: it counts).
     pub record_error: u32,
     /// Event queries that fail.
     pub query_error: u32,
@@ -57,6 +57,8 @@ pub struct SimDevice {
     /// Handles created so far: one per page by [`Backend::map`] (and adoption), one per
     /// [`Backend::map_handle`] call (each a `cuMemCreate` on a GPU).
     handles_created: u64,
+    /// Rule 23k: every stream wait made ([`Backend::wait_stream`]), `(waiter, on)`, in order.
+    stream_waits: Vec<(StreamId, StreamId)>,
 }
 
 /// A slot that maps no page.
@@ -163,6 +165,7 @@ impl SimDevice {
             vacant: Vec::new(),
             handles: BTreeMap::new(),
             handles_created: 0,
+            stream_waits: Vec::new(),
         }
     }
 
@@ -205,6 +208,11 @@ impl SimDevice {
     /// Clears all pending faults.
     pub fn clear_faults(&mut self) {
         self.faults = Faults::default();
+    }
+
+    /// Rule 23k: every stream wait the allocator made, `(waiter, on)`, in the order made.
+    pub fn stream_waits(&self) -> &[(StreamId, StreamId)] {
+        &self.stream_waits
     }
 
     /// Completes the work queued on `stream` so far: every event recorded on it until now.
@@ -648,6 +656,16 @@ impl Backend for SimDevice {
 
     fn virtual_memory(&self) -> bool {
         true
+    }
+
+    /// Rule 23k: logged, in order ([`SimDevice::stream_waits`]). A wait records an event, so
+    /// an injected recording fault ([`Faults::record_error`]) fails it, with nothing logged.
+    fn wait_stream(&mut self, waiter: StreamId, on: StreamId) -> Result<(), BackendError> {
+        if take(&mut self.faults.record_error) {
+            return Err(device_error("wait_stream"));
+        }
+        self.stream_waits.push((waiter, on));
+        Ok(())
     }
 
     /// Rule 19: the next address when set and usable for `size` (cleared by the success), else

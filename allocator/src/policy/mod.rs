@@ -328,7 +328,7 @@ impl<B: Backend> CachingCore<B> {
         let pool = Pool::for_size(rounded);
         let alloc_size = segment_size(rounded);
 
-        let (id, rehomed) = match self.get_free_block(pool, stream, rounded) {
+        let (id, rehomed) = match self.get_free_block(pool, stream, rounded)? {
             Some(found) => found,
             None => match self.allocate_when_uncached(pool, stream, alloc_size, rounded, size)? {
                 Some(id) => (id, false),
@@ -475,7 +475,7 @@ impl<B: Backend> CachingCore<B> {
         if self.gc_enabled() {
             self.searches[pool.index()] += 1;
         }
-        let (id, rehomed) = self.take_found(pool, rounded, found);
+        let (id, rehomed) = self.take_found(pool, rounded, found)?;
         let address = self.hand_out(id, rounded, size);
         if rehomed {
             self.merge_remainder(id);
@@ -491,19 +491,28 @@ impl<B: Backend> CachingCore<B> {
         pool: Pool,
         stream: StreamId,
         rounded: u64,
-    ) -> Option<(BlockId, bool)> {
+    ) -> Result<Option<(BlockId, bool)>, Error> {
         if self.gc_enabled() {
             self.searches[pool.index()] += 1;
         }
-        let found = self.find_free_block(pool, stream, rounded)?;
-        Some(self.take_found(pool, rounded, found))
+        let Some(found) = self.find_free_block(pool, stream, rounded) else {
+            return Ok(None);
+        };
+        self.take_found(pool, rounded, found).map(Some)
     }
 
     /// Takes what rule 6's search found out of its set: the block to hand out, and whether it
     /// is a re-homed lent block (rule 22d).
-    fn take_found(&mut self, pool: Pool, rounded: u64, found: Found) -> (BlockId, bool) {
+    /// A view's hand-out first makes its stream wait for its foreign streams (rule 23k); a
+    /// failing wait is returned before anything is taken.
+    fn take_found(
+        &mut self,
+        pool: Pool,
+        rounded: u64,
+        found: Found,
+    ) -> Result<(BlockId, bool), Error> {
         let p = pool.index();
-        match found {
+        Ok(match found {
             Found::Free(key) => {
                 self.free_remove(p, &key);
                 (key.3, false)
@@ -512,8 +521,11 @@ impl<B: Backend> CachingCore<B> {
                 let k = rounded.div_ceil(self.page_of(pool));
                 (self.rehome(key.3, k), true)
             }
-            Found::View(seq) => (self.take_view(seq, rounded), false),
-        }
+            Found::View(seq) => {
+                self.wait_for_foreign(seq, false)?;
+                (self.take_view(seq, rounded), false)
+            }
+        })
     }
 
     /// Rule 6's search (with rule 19a's walk by reach, rule 22d's lent candidates and, when
@@ -706,6 +718,13 @@ impl<B: Backend> CachingCore<B> {
             .live
             .get(&address)
             .ok_or(Error::UnknownPointer { address })?;
+        // Rule 23k: a view holding pieces of other streams' ranges orders those streams after
+        // its own's work first; a failing wait fails the free with nothing changed.
+        if self.blocks.get(id).backing == Backing::View
+            && let Some(seq) = self.view_of_allocation(id)
+        {
+            self.wait_for_foreign(seq, true)?;
+        }
         let mut uses = std::mem::take(&mut self.blocks.get_mut(id).stream_uses);
         uses.sort_unstable();
         uses.dedup();

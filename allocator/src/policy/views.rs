@@ -2,7 +2,9 @@
 //! made once for one large request and kept for the next time the same request comes.
 //!
 //! The one rule: a view never moves a page. Its slot `i` maps the page of the home slot
-//! `h_i` of a range of its stream for the view's whole life; while the view is in use its
+//! `h_i` of a range — of its stream or, by rule 23k, of another (its *foreign* streams, kept
+//! with the view: its hand-out makes its stream wait for them and its free makes them wait
+//! for its stream, [`Backend::wait_stream`]) — for the view's whole life; while the view is in use its
 //! allocation's bytes are *held* at the homes — blocks of the ranges in state
 //! [`BlockPhase::Held`], in no free set — so no physical byte lies under two live blocks.
 //!
@@ -52,6 +54,9 @@ pub(crate) struct View {
     /// The maximal runs of slots whose homes are consecutive in one range, in slot order:
     /// each run's first home and its number of slots (rule 23b: one held piece per run).
     pub runs: Vec<(u64, u64)>,
+    /// Rule 23k: its foreign streams — those other than its own of the ranges its homes lie
+    /// in — ascending, each once (fixed, as its homes are).
+    pub foreign: Vec<StreamId>,
     /// When it was last handed out (or made): the cap's eviction order (rule 23g).
     pub stamp: u64,
     /// While in use: the allocation's block and the held pieces, in slot order.
@@ -338,12 +343,10 @@ impl<B: Backend> CachingCore<B> {
         if self.page_of(Pool::Small) == page {
             pools.push(Pool::Small);
         }
+        // Rule 23k: the ranges of every stream.
         let mut listed: Vec<(u64, u64, BlockId)> = Vec::new();
         for pool in pools {
-            for k in self.free[pool.index()]
-                .range((stream, page, 0, 0)..)
-                .take_while(|k| k.0 == stream)
-            {
+            for k in self.free[pool.index()].iter().filter(|k| k.1 >= page) {
                 if let Some((first, end)) = self.whole_pages(k.3) {
                     listed.push((end - first, first, k.3));
                 }
@@ -364,10 +367,13 @@ impl<B: Backend> CachingCore<B> {
             return Ok(None);
         }
         let mut order: Vec<usize> = (0..listed.len()).filter(|&i| listed[i].0 > 0).collect();
+        // Rule 23k: the request's stream's blocks first, then the others'.
         order.sort_unstable_by_key(|&i| {
+            let b = self.blocks.get(listed[i].2);
             (
+                b.stream != stream,
                 std::cmp::Reverse(listed[i].0),
-                self.blocks.get(listed[i].2).address,
+                b.address,
             )
         });
         // The runs taken, in order: (range, first slot, slots, the free block holding them).
@@ -438,6 +444,13 @@ impl<B: Backend> CachingCore<B> {
             .iter()
             .map(|&(_, _, _, id)| (self.blocks.get(id).address, id))
             .collect();
+        let mut foreign: Vec<StreamId> = runs
+            .iter()
+            .map(|&(_, _, _, id)| self.blocks.get(id).stream)
+            .filter(|&t| t != stream)
+            .collect();
+        foreign.sort_unstable();
+        foreign.dedup();
         let v = self.views.as_mut().expect("rule 23 acts");
         let seq = v.next;
         v.next += 1;
@@ -462,11 +475,38 @@ impl<B: Backend> CachingCore<B> {
                 stream,
                 runs: Self::runs_of(page, &homes),
                 homes,
+                foreign,
                 stamp,
                 in_use: None,
             },
         );
+        self.wait_for_foreign(seq, false)?;
         Ok(Some(self.take_view(seq, rounded)))
+    }
+
+    /// Rule 23k: the waits of the view `seq`'s hand-out (`freeing` false: its stream waits for
+    /// each foreign stream) or of its allocation's free (`freeing`: each foreign stream waits
+    /// for its stream), foreign streams ascending. Nothing else changes; a failing wait is
+    /// returned (the waits made stay: they only order work).
+    pub(super) fn wait_for_foreign(&mut self, seq: u64, freeing: bool) -> Result<(), Error> {
+        let Some(v) = &self.views else { return Ok(()) };
+        let view = &v.views[&seq];
+        if view.foreign.is_empty() {
+            return Ok(());
+        }
+        let (stream, foreign) = (view.stream, view.foreign.clone());
+        for t in foreign {
+            let (waiter, on) = if freeing { (t, stream) } else { (stream, t) };
+            self.backend
+                .wait_stream(waiter, on)
+                .map_err(Error::Backend)?;
+        }
+        Ok(())
+    }
+
+    /// Rule 23k, at a free: the view in use by the allocation `id`, if it is one.
+    pub(super) fn view_of_allocation(&self, id: BlockId) -> Option<u64> {
+        self.views.as_ref()?.by_allocation.get(&id).copied()
     }
 
     /// Rule 23h: destroy the free view `seq`: one unmap of its whole reservation (after its

@@ -358,6 +358,13 @@ impl Side for CoreSide {
             layout: layout(self.core.segments()),
             device_used: self.core.backend().used(),
             thread_cached_blocks: 0,
+            stream_waits: super::stream_waits_observed(
+                self.core
+                    .backend()
+                    .stream_waits()
+                    .iter()
+                    .map(|&(w, o)| (w.0, o.0)),
+            ),
         })
     }
 

@@ -266,6 +266,21 @@ pub struct Observation {
     pub device_used: u64,
     /// Blocks parked in thread caches.
     pub thread_cached_blocks: usize,
+    /// Rule 23k: how many stream waits the device has logged, and the last
+    /// [`STREAM_WAITS_TAIL`] of them, `(waiter, on)`, in order. Compared after every step, a
+    /// step making at most that many waits is compared wait for wait.
+    pub stream_waits: (usize, Vec<(u64, u64)>),
+}
+
+/// How many of the latest stream waits an [`Observation`] holds.
+pub const STREAM_WAITS_TAIL: usize = 64;
+
+/// Rule 23k: a device's log of stream waits as an [`Observation`] holds it.
+pub fn stream_waits_observed(
+    log: impl ExactSizeIterator<Item = (u64, u64)>,
+) -> (usize, Vec<(u64, u64)>) {
+    let n = log.len();
+    (n, log.skip(n.saturating_sub(STREAM_WAITS_TAIL)).collect())
 }
 
 /// One side of the differential: something that takes [`Call`]s and can be observed.
@@ -304,6 +319,12 @@ pub fn compare_observations(
         return Err(format!(
             "device memory differs: {an}'s device {} vs {bn}'s {}",
             a.device_used, b.device_used
+        ));
+    }
+    if a.stream_waits != b.stream_waits {
+        return Err(format!(
+            "stream waits differ (rule 23k): {an} logged {} ending {:?}, {bn} {} ending {:?}",
+            a.stream_waits.0, a.stream_waits.1, b.stream_waits.0, b.stream_waits.1
         ));
     }
     if a.thread_cached_blocks != b.thread_cached_blocks {

@@ -255,6 +255,7 @@ impl Side for ModelSide {
             layout,
             device_used: self.model.device_used(),
             thread_cached_blocks: self.model.thread_cached_blocks(),
+            stream_waits: super::stream_waits_observed(self.model.stream_waits().iter().copied()),
         })
     }
 

@@ -202,10 +202,59 @@ fn a_view_of_another_stream_is_not_usable() {
     let d = malloc(&mut m, 4 * MIB);
     free(&mut m, d);
     assert_eq!(m.views().len(), 1);
-    // Stream 1 has no range: no view of its own can be made, and stream 0's is not used.
+    // Stream 1 has no range; stream 0's view is not handed to it (23d); rule 23k makes it a
+    // view of its own over stream 0's free pages (reserved 8 + 4 > w = 8).
     let e = malloc_on(&mut m, 4 * MIB, 1);
-    assert!(m.views().iter().all(|&(a, _, _)| a != e));
-    assert_eq!(m.views.iter().filter(|v| v.stream == 1).count(), 0);
+    assert_ne!(e, m.views[0].address);
+    assert_eq!(m.views.iter().filter(|v| v.stream == 1).count(), 1);
+}
+
+// ---- 23k: views across streams ----
+
+#[test]
+fn rule_23k_a_view_takes_another_streams_free_pages_and_orders_the_streams() {
+    let mut m = Model::new(config(16 * MIB));
+    let x = malloc(&mut m, 8 * MIB);
+    free(&mut m, x);
+    let (allocs, frees) = calls(&m);
+    // Stream 1's 4 MiB: no range of its own, over the limit (8 + 4 > 8): stream 0's free
+    // 8 MiB block gives its first two pages, one alias; stream 1 waits for stream 0.
+    let e = malloc_on(&mut m, 4 * MIB, 1);
+    assert_eq!(m.views[0].stream, 1);
+    assert_eq!(m.views[0].homes, vec![BASE, BASE + 2 * MIB]);
+    assert_eq!(calls(&m), (allocs + 1, frees));
+    assert_eq!(m.stream_waits(), &[(1, 0)]);
+    assert_eq!(blocks(&m, 0)[0], (0, 8, "held"));
+    // The free: stream 0 waits for stream 1 first; the pieces return at once.
+    free(&mut m, e);
+    assert_eq!(m.stream_waits(), &[(1, 0), (0, 1)]);
+    assert_eq!(blocks(&m, 0)[0], (0, 16, "free"));
+    // The next pass: the same view, no device call, the same two waits.
+    let e2 = malloc_on(&mut m, 4 * MIB, 1);
+    assert_eq!(e2, e);
+    free(&mut m, e2);
+    assert_eq!(calls(&m), (allocs + 1, frees));
+    assert_eq!(m.stream_waits(), &[(1, 0), (0, 1), (1, 0), (0, 1)]);
+}
+
+#[test]
+fn rule_23k_the_requests_own_streams_pages_come_first() {
+    let mut m = Model::new(config(32 * MIB));
+    // Stream 0: 8 MiB free; stream 1: 4 MiB free (its own range, after stream 0's).
+    let x = malloc(&mut m, 8 * MIB);
+    let y = malloc_on(&mut m, 4 * MIB, 1);
+    free(&mut m, x);
+    free(&mut m, y);
+    // Stream 1's 6 MiB (k = 3) over the limit (12 + 6 > 12): its own block's two pages
+    // first, though stream 0's block is larger, then stream 0's first page.
+    let y_range = m.segments.iter().find(|r| r.stream == 1).unwrap().address;
+    let e = malloc_on(&mut m, 6 * MIB, 1);
+    let v = m.views.iter().find(|v| v.address == e).unwrap();
+    assert_eq!(v.homes, vec![y_range, y_range + 2 * MIB, BASE]);
+    assert_eq!(m.stream_waits(), &[(1, 0)]);
+    // Without a foreign page, no wait: stream 0's 8 MiB request is its own block.
+    free(&mut m, e);
+    assert_eq!(m.stream_waits(), &[(1, 0), (0, 1)]);
 }
 
 // ---- 23d: the hand-out ----
@@ -533,18 +582,26 @@ fn empty_cache_destroys_every_free_view_first_and_keeps_those_in_use() {
 
 #[test]
 fn a_view_mapping_a_home_rule_20_unmaps_is_destroyed_just_before() {
-    let mut m = all_free();
+    let mut m = Model::new(config(16 * MIB));
+    let x = malloc(&mut m, 8 * MIB);
+    free(&mut m, x);
+    // View 0 over pages 0–1, view 1 over pages 2–3 (a 4 MiB block is no fit for 4 MiB with
+    // max_split 4 MiB); view 0 freed: pages 0–1 free.
     let a = malloc(&mut m, 4 * MIB);
+    let b = malloc(&mut m, 4 * MIB);
     free(&mut m, a);
+    assert_eq!(m.views.len(), 2);
     let (allocs, frees) = calls(&m);
-    // Stream 1, 4 MiB: no range of its own, no free pages; rule 20: stream 0's free block
-    // (4 pages) is unmapped — view 0 maps two of its homes, so it goes first.
-    let e = malloc_on(&mut m, 4 * MIB, 1);
-    assert!(m.views().is_empty());
+    // Stream 1, 6 MiB: k = 3 > 2 free pages (of any stream, 23k): no view; rule 20 unmaps
+    // stream 0's free block (pages 0–1) — view 0 maps them, so it goes first.
+    let e = malloc_on(&mut m, 6 * MIB, 1);
+    assert_eq!(m.views.len(), 1);
+    assert_eq!(m.views[0].address, b);
     // One destruction and one unmap; one map for stream 1's range.
     assert_eq!(calls(&m), (allocs + 1, frees + 2));
-    assert_eq!(m.stats().reserved_bytes.all.current, (4 * MIB) as i64);
+    assert_eq!(m.stats().reserved_bytes.all.current, (10 * MIB) as i64);
     free(&mut m, e);
+    free(&mut m, b);
 }
 
 // ---- 23j: the invariant ----
@@ -635,12 +692,13 @@ fn while_stitching_rule_20_reclaims_only_the_requests_pool() {
     assert_eq!(stats.num_device_free, 0, "nothing unmapped");
     assert!(m.views().is_empty());
     free(&mut m, l);
-    // Another stream's free block of the same pool is a candidate: stream 1's 4 MiB request
-    // over the limit reclaims stream 0's free large block, not the small page.
+    // Rule 23k: another stream's free large block gives its pages to stream 1's view (no
+    // reclaim); the small page stays.
     let e = malloc_on(&mut m, 4 * MIB, 1);
     let stats = m.stats();
     assert_eq!(stats.reserved_bytes.small_pool.current as u64, 2 * MIB);
     assert_eq!(stats.reserved_bytes.all.current as u64, 6 * MIB);
-    assert_eq!(stats.num_device_free, 1, "stream 0's large block unmapped");
+    assert_eq!(stats.num_device_free, 0, "nothing unmapped");
+    assert_eq!(m.views.len(), 1);
     free(&mut m, e);
 }

@@ -39,6 +39,8 @@ struct Rigged {
     sim: SimDevice,
     total: Option<u64>,
     fail_alias: Option<(u32, BackendError)>,
+    /// Rule 23k: every stream wait fails while set.
+    fail_wait: bool,
 }
 
 impl Rigged {
@@ -47,6 +49,7 @@ impl Rigged {
             sim: SimDevice::new(1 << 30),
             total: None,
             fail_alias: None,
+            fail_wait: false,
         }
     }
 }
@@ -102,6 +105,14 @@ impl Backend for Rigged {
             None => {}
         }
         self.sim.alias(address, source, size)
+    }
+    fn wait_stream(&mut self, waiter: StreamId, on: StreamId) -> Result<(), BackendError> {
+        if self.fail_wait {
+            return Err(BackendError::Injected {
+                operation: "wait_stream",
+            });
+        }
+        self.sim.wait_stream(waiter, on)
     }
 }
 
@@ -826,4 +837,93 @@ fn random_runs_through_thread_caches_keep_view_allocations_checked() {
         view_steps > 12 * 200 / 20,
         "{view_steps} steps with a view allocation"
     );
+}
+
+// --- 23k: views across streams ----------------------------------------------------------------
+
+const S1: StreamId = StreamId(1);
+
+/// Stream 0's 8 MiB, freed: four free pages of stream 0's range, W = reserved = 8 MiB.
+fn stream_zero_free<B: Backend>(c: &mut CachingCore<B>) {
+    let x = c.malloc(8 * MIB, S).unwrap();
+    c.free(x).unwrap();
+    assert_eq!(calls(c), (1, 0));
+}
+
+#[test]
+fn rule_23k_a_view_over_another_streams_pages_waits_at_hand_out_and_at_free() {
+    let mut c = core(1 << 30);
+    stream_zero_free(&mut c);
+    // Stream 1's 4 MiB: no range of its own, over the limit (8 + 4 > 8): a view of stream 0's
+    // first two pages (one alias), right after stream 0's range; stream 1 waits for 0.
+    let e = c.malloc(4 * MIB, S1).unwrap();
+    check(&c);
+    assert_eq!(e, V0);
+    assert_eq!(calls(&c), (2, 0));
+    assert_eq!(c.backend().stream_waits(), [(S1, S)]);
+    assert_eq!(layout(&c), [(0, 8, H), (8, 8, F)]);
+    // The free: stream 0 waits for stream 1 first; the piece is free again at once.
+    c.free(e).unwrap();
+    check(&c);
+    assert_eq!(c.backend().stream_waits(), [(S1, S), (S, S1)]);
+    assert_eq!(layout(&c), [(0, 16, F)]);
+    // Every later pass: the same view, no device call, the same two waits.
+    for _ in 0..2 {
+        let again = c.malloc(4 * MIB, S1).unwrap();
+        assert_eq!(again, V0);
+        c.free(again).unwrap();
+    }
+    check(&c);
+    assert_eq!(calls(&c), (2, 0));
+    assert_eq!(c.backend().stream_waits(), [(S1, S), (S, S1)].repeat(3));
+    // Stream 0's own 8 MiB request is its block again: no wait.
+    let x = c.malloc(8 * MIB, S).unwrap();
+    assert_eq!(x, BASE);
+    assert_eq!(c.backend().stream_waits().len(), 6);
+}
+
+#[test]
+fn rule_23k_a_failing_wait_fails_the_free_and_the_hand_out_with_nothing_changed() {
+    let mut c = CachingCore::new(Rigged::new(), stitching()).unwrap();
+    stream_zero_free(&mut c);
+    let e = c.malloc(4 * MIB, S1).unwrap();
+    c.backend_mut().fail_wait = true;
+    // The free fails: the allocation stays live, its piece held.
+    assert!(matches!(c.free(e), Err(Error::Backend(_))));
+    c.check_invariants().unwrap();
+    assert_eq!(c.view_allocations(), [(V0, 4 * MIB, A)]);
+    assert_eq!(c.stats().allocated_bytes.all.current, 4 * MIB as i64);
+    c.backend_mut().fail_wait = false;
+    c.free(e).unwrap();
+    // The hand-out fails before anything is carved: the view stays free, nothing held.
+    c.backend_mut().fail_wait = true;
+    assert!(matches!(c.malloc(4 * MIB, S1), Err(Error::Backend(_))));
+    c.check_invariants().unwrap();
+    assert_eq!(c.view_counts(), (1, 0));
+    assert_eq!(c.stats().allocated_bytes.all.current, 0);
+    c.backend_mut().fail_wait = false;
+    assert_eq!(c.malloc(4 * MIB, S1).unwrap(), V0);
+    assert_eq!(c.backend().sim.stream_waits(), [(S1, S), (S, S1), (S1, S)]);
+}
+
+#[test]
+fn rule_23k_an_injected_recording_fault_fails_the_wait_of_a_hand_out_on_the_simulated_device() {
+    let mut c = core(1 << 30);
+    stream_zero_free(&mut c);
+    let e = c.malloc(4 * MIB, S1).unwrap();
+    c.free(e).unwrap();
+    c.backend_mut().inject(crate::backend::sim::Faults {
+        record_error: 1,
+        ..crate::backend::sim::Faults::default()
+    });
+    assert_eq!(
+        c.malloc(4 * MIB, S1),
+        Err(Error::Backend(BackendError::Injected {
+            operation: "wait_stream"
+        }))
+    );
+    check(&c);
+    assert_eq!(c.view_counts(), (1, 0));
+    assert_eq!(c.backend().stream_waits().len(), 2);
+    assert_eq!(c.malloc(4 * MIB, S1).unwrap(), V0);
 }
