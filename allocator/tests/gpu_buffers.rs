@@ -424,3 +424,43 @@ fn the_last_handle_closes_the_allocator_and_live_buffers_give_memory_back_as_the
         "{after} bytes still held after the last buffer"
     );
 }
+
+/// Rule 23k's device call on the GPU: `Backend::wait_stream(b, a)` makes work queued on B after
+/// it wait for the work queued on A before it (a 200 ms writer), with no host wait — B's next
+/// event completes only once A's writer has, and the writer's values are there.
+#[test]
+fn wait_stream_orders_later_work_on_one_stream_after_the_other() {
+    use cachalot::cuda::{CudaBackend, stream_id};
+    use cachalot::{Backend, StreamId};
+    let Some(s) = setup("wait_stream_orders_later_work_on_one_stream_after_the_other") else {
+        return;
+    };
+    let _device = exclusive();
+    let mut backend = CudaBackend::new(s.ctx.clone()).unwrap();
+    backend.retain_stream(&s.a);
+    backend.retain_stream(&s.b);
+    let (a, b) = (stream_id(&s.a), stream_id(&s.b));
+    let mut buf = zeros(&s);
+    slow_fill_on(&s, &s.a, &mut buf);
+    let started = std::time::Instant::now();
+    backend.wait_stream(b, a).unwrap();
+    assert!(
+        started.elapsed() < std::time::Duration::from_millis(50),
+        "wait_stream waited on the host"
+    );
+    let event = s.b.record_event(None).unwrap();
+    event.synchronize().unwrap();
+    let waited = started.elapsed();
+    assert!(
+        waited >= std::time::Duration::from_millis(150),
+        "B's event completed after {waited:?}, before A's 200 ms writer"
+    );
+    s.a.synchronize().unwrap();
+    assert_eq!(count(&s.a.clone_dtoh(&buf).unwrap(), VALUE), N);
+    // A stream the backend was not shown: ordered by synchronising the device (still correct).
+    slow_fill_on(&s, &s.a, &mut buf);
+    backend.wait_stream(StreamId(0xdead_beef), a).unwrap();
+    assert!(started.elapsed() >= waited + std::time::Duration::from_millis(150));
+    // A stream waiting on itself: nothing to do.
+    backend.wait_stream(a, a).unwrap();
+}
