@@ -16,26 +16,7 @@ import ctypes
 import json
 import time
 
-MIB = 1 << 20
-
-
-class Location(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
-
-
-class AllocFlags(ctypes.Structure):
-    _fields_ = [("compressionType", ctypes.c_ubyte), ("gpuDirectRDMACapable", ctypes.c_ubyte),
-                ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 4)]
-
-
-class Prop(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int),
-                ("location", Location), ("win32HandleMetaData", ctypes.c_void_p),
-                ("allocFlags", AllocFlags)]
-
-
-class Access(ctypes.Structure):
-    _fields_ = [("location", Location), ("flags", ctypes.c_int)]
+from vmm_ctypes import MIB, check, setup
 
 
 def main():
@@ -43,26 +24,9 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--repeat", type=int, default=16)
     args = ap.parse_args()
-    import torch
-
-    torch.zeros(1, device="cuda")
-    torch.cuda.synchronize()
-    cu = ctypes.CDLL("libcuda.so.1")
+    torch, cu, prop, access = setup()
     u64 = ctypes.c_uint64
     sz = ctypes.c_size_t
-    dev = torch.cuda.current_device()
-    prop = Prop()
-    prop.type = 1
-    prop.location.type = 1
-    prop.location.id = dev
-    access = Access()
-    access.location.type = 1
-    access.location.id = dev
-    access.flags = 3
-
-    def check(r, what):
-        if r != 0:
-            raise RuntimeError(f"{what} failed: CUresult {r}")
 
     def create(nbytes):
         h = u64()

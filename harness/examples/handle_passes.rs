@@ -15,38 +15,14 @@
 //!     [-- [--check] [--thresholds 2,8,32] [NAME_FILTER ...]]
 //! ```
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use cachalot::Settings;
+use cachalot_harness::fixtures::{committed_snapshots, recorded_programs};
 use cachalot_harness::replay::{Pass, model_passes_logged};
 use cachalot_harness::scenario::Knobs;
-use cachalot_tools::replay::{H200_MEMORY, SnapshotExt};
-use cachalot_tools::snapshot::{read_figures_for, read_snapshot};
 
 const MIB: u64 = 1 << 20;
 const PASSES: usize = 5;
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
-}
-
-/// The files of `tests/fixtures/<dir>/` whose names end with `suffix`, sorted.
-fn files(dir: &str, suffix: &str) -> Vec<PathBuf> {
-    let mut out: Vec<PathBuf> = std::fs::read_dir(fixtures().join(dir))
-        .expect("the fixtures directory")
-        .map(|e| e.expect("a directory entry").path())
-        .filter(|p| p.to_string_lossy().ends_with(suffix))
-        .collect();
-    out.sort();
-    out
-}
-
-/// `NAME.json` beside `NAME.pickle` (or `NAME.pickle.gz`).
-fn sidecar(pickle: &Path) -> Option<PathBuf> {
-    let name = pickle.file_name()?.to_string_lossy().to_string();
-    let stem = name.split('.').next()?;
-    Some(pickle.with_file_name(format!("{stem}.json"))).filter(|p| p.is_file())
-}
 
 /// One trace device's passes, per setting (per page first, then each threshold).
 struct Row {
@@ -55,38 +31,8 @@ struct Row {
 }
 
 fn run(pickle: &Path, thresholds: &[u64], check: bool) -> Result<Vec<Row>, String> {
-    let snapshot = read_snapshot(pickle).map_err(|e| e.to_string())?;
-    let stem = pickle
-        .file_name()
-        .map(|n| {
-            n.to_string_lossy()
-                .split('.')
-                .next()
-                .unwrap_or("")
-                .to_string()
-        })
-        .unwrap_or_default();
-    let programs = snapshot.replay_programs();
-    let several = programs.len() > 1;
     let mut rows = Vec::new();
-    for (device, program) in programs {
-        let figures = sidecar(pickle).and_then(|p| read_figures_for(&p, device).ok());
-        let conf = match &figures {
-            Some(f) => f.pytorch_cuda_alloc_conf.clone().unwrap_or_default(),
-            None => snapshot
-                .allocator_settings
-                .as_ref()
-                .map(|s| s.alloc_conf.clone())
-                .unwrap_or_default(),
-        };
-        let mut settings = Settings::pytorch()
-            .apply(&conf)
-            .map_err(|e| format!("settings {conf:?}: {e}"))?;
-        settings.per_process_memory_fraction = figures.as_ref().and_then(|f| f.memory_fraction);
-        let capacity = figures
-            .as_ref()
-            .map_or(H200_MEMORY, |f| f.device_total_memory);
-        let recorded = Knobs::from_settings(&settings, capacity)?;
+    for recorded in recorded_programs(pickle)? {
         let mut runs = Vec::new();
         for handle in std::iter::once(None).chain(thresholds.iter().map(|&t| Some(t * MIB))) {
             // Rule 21's policy, thread caches aside, with or without rule 19j.
@@ -98,19 +44,17 @@ fn run(pickle: &Path, thresholds: &[u64], check: bool) -> Result<Vec<Row>, Strin
                 page_aliasing: false,
                 page_stitching: true,
                 expandable_handle: handle,
-                ..recorded.clone()
+                ..recorded.knobs.clone()
             };
             runs.push(
-                model_passes_logged(&program, &knobs, PASSES, check, false)
-                    .map_err(|e| format!("device {device}, handles {handle:?}: {e}"))?,
+                model_passes_logged(&recorded.program, &knobs, PASSES, check, false)
+                    .map_err(|e| format!("{}, handles {handle:?}: {e}", recorded.name))?,
             );
         }
-        let name = if several {
-            format!("{stem} (device {device})")
-        } else {
-            stem.clone()
-        };
-        rows.push(Row { name, runs });
+        rows.push(Row {
+            name: recorded.name,
+            runs,
+        });
     }
     Ok(rows)
 }
@@ -160,15 +104,7 @@ fn main() {
             filters.push(a.clone());
         }
     }
-    let mut paths = files("traces", ".pickle");
-    paths.extend(files("user", ".pickle.gz"));
-    paths.retain(|p| {
-        let name = p.file_name().map(|n| n.to_string_lossy().to_string());
-        filters.is_empty()
-            || filters
-                .iter()
-                .any(|f| name.as_ref().is_some_and(|n| n.contains(f.as_str())))
-    });
+    let paths = committed_snapshots(&filters);
     println!(
         "{PASSES} passes on one model: rule 21's policy without thread caches; per setting: \
          handles made in pass 1 | device calls, pass 1; passes 2–{PASSES} | handles made in \

@@ -18,40 +18,15 @@
 //! under rule 23, each operation of passes 2–5 that made device calls; the filters keep the
 //! traces whose file name contains one of them.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use cachalot::Settings;
+use cachalot_harness::fixtures::{committed_snapshots, recorded_programs};
 use cachalot_harness::replay::{Pass, model_passes_logged};
 use cachalot_harness::scenario::Knobs;
-use cachalot_tools::replay::H200_MEMORY;
 use cachalot_tools::replay::ReplayProgram;
-use cachalot_tools::replay::SnapshotExt;
-use cachalot_tools::snapshot::{read_figures_for, read_snapshot};
 
 const MIB: u64 = 1 << 20;
 const PASSES: usize = 5;
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
-}
-
-/// The files of `tests/fixtures/<dir>/` whose names end with `suffix`, sorted.
-fn files(dir: &str, suffix: &str) -> Vec<PathBuf> {
-    let mut out: Vec<PathBuf> = std::fs::read_dir(fixtures().join(dir))
-        .expect("the fixtures directory")
-        .map(|e| e.expect("a directory entry").path())
-        .filter(|p| p.to_string_lossy().ends_with(suffix))
-        .collect();
-    out.sort();
-    out
-}
-
-/// `NAME.json` beside `NAME.pickle` (or `NAME.pickle.gz`).
-fn sidecar(pickle: &Path) -> Option<PathBuf> {
-    let name = pickle.file_name()?.to_string_lossy().to_string();
-    let stem = name.split('.').next()?;
-    Some(pickle.with_file_name(format!("{stem}.json"))).filter(|p| p.is_file())
-}
 
 /// One trace device's passes under the three settings.
 struct Row {
@@ -64,38 +39,9 @@ struct Row {
 }
 
 fn run(pickle: &Path, check: bool, log: bool) -> Result<Vec<Row>, String> {
-    let snapshot = read_snapshot(pickle).map_err(|e| e.to_string())?;
-    let stem = pickle
-        .file_name()
-        .map(|n| {
-            n.to_string_lossy()
-                .split('.')
-                .next()
-                .unwrap_or("")
-                .to_string()
-        })
-        .unwrap_or_default();
-    let programs = snapshot.replay_programs();
-    let several = programs.len() > 1;
     let mut rows = Vec::new();
-    for (device, program) in programs {
-        let figures = sidecar(pickle).and_then(|p| read_figures_for(&p, device).ok());
-        let conf = match &figures {
-            Some(f) => f.pytorch_cuda_alloc_conf.clone().unwrap_or_default(),
-            None => snapshot
-                .allocator_settings
-                .as_ref()
-                .map(|s| s.alloc_conf.clone())
-                .unwrap_or_default(),
-        };
-        let mut settings = Settings::pytorch()
-            .apply(&conf)
-            .map_err(|e| format!("settings {conf:?}: {e}"))?;
-        settings.per_process_memory_fraction = figures.as_ref().and_then(|f| f.memory_fraction);
-        let capacity = figures
-            .as_ref()
-            .map_or(H200_MEMORY, |f| f.device_total_memory);
-        let recorded = Knobs::from_settings(&settings, capacity)?;
+    for recorded in recorded_programs(pickle)? {
+        let (name, program) = (recorded.name, recorded.program);
         // Rule 21's policy, thread caches aside.
         let knobs = |page_aliasing: bool, page_stitching: bool| Knobs {
             expandable_segments: true,
@@ -104,19 +50,14 @@ fn run(pickle: &Path, check: bool, log: bool) -> Result<Vec<Row>, String> {
             thread_cache_blocks: 0,
             page_aliasing,
             page_stitching,
-            ..recorded.clone()
+            ..recorded.knobs.clone()
         };
         let off = model_passes_logged(&program, &knobs(false, false), PASSES, check, false)
-            .map_err(|e| format!("device {device}, off: {e}"))?;
+            .map_err(|e| format!("{name}, off: {e}"))?;
         let aliasing = model_passes_logged(&program, &knobs(true, false), PASSES, check, false)
-            .map_err(|e| format!("device {device}, rule 22: {e}"))?;
+            .map_err(|e| format!("{name}, rule 22: {e}"))?;
         let stitching = model_passes_logged(&program, &knobs(false, true), PASSES, check, log)
-            .map_err(|e| format!("device {device}, rule 23: {e}"))?;
-        let name = if several {
-            format!("{stem} (device {device})")
-        } else {
-            stem.clone()
-        };
+            .map_err(|e| format!("{name}, rule 23: {e}"))?;
         rows.push(Row {
             name,
             ops: program.ops.len() + program.initial.len(),
@@ -148,15 +89,8 @@ fn main() {
     let check = args.iter().any(|a| a == "--check");
     let log = args.iter().any(|a| a == "--calls");
     let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with("--")).collect();
-    let mut paths = files("traces", ".pickle");
-    paths.extend(files("user", ".pickle.gz"));
-    paths.retain(|p| {
-        let name = p.file_name().map(|n| n.to_string_lossy().to_string());
-        filters.is_empty()
-            || filters
-                .iter()
-                .any(|f| name.as_ref().is_some_and(|n| n.contains(f.as_str())))
-    });
+    let filters: Vec<String> = filters.into_iter().cloned().collect();
+    let paths = committed_snapshots(&filters);
     println!(
         "{PASSES} passes on one model: expandable segments, 2 MiB pages, reclaim_headroom 0.025, \
          no thread caches; device calls = num_device_alloc + num_device_free per pass; \

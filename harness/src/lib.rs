@@ -14,6 +14,7 @@
 
 pub mod draw;
 pub mod driver;
+pub mod fixtures;
 pub mod fuzzing;
 pub mod op;
 pub mod replay;

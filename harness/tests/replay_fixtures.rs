@@ -10,9 +10,10 @@
 use std::path::{Path, PathBuf};
 
 use cachalot::Settings;
+use cachalot_harness::fixtures::recorded_settings;
 use cachalot_harness::replay::{Replayed, replay_side_by_side};
 use cachalot_harness::scenario::Knobs;
-use cachalot_tools::replay::{H200_MEMORY, SnapshotExt, StartMode};
+use cachalot_tools::replay::{SnapshotExt, StartMode};
 use cachalot_tools::snapshot::{read_figures_for, read_snapshot};
 
 fn fixtures() -> PathBuf {
@@ -48,21 +49,7 @@ fn replay_fixture_with(pickle: &Path, squeeze: Option<&str>) -> Result<Vec<Repla
     let mut out = Vec::new();
     for (device, program) in snapshot.replay_programs() {
         let figures = sidecar(pickle).and_then(|p| read_figures_for(&p, device).ok());
-        let conf = match &figures {
-            Some(f) => f.pytorch_cuda_alloc_conf.clone().unwrap_or_default(),
-            None => snapshot
-                .allocator_settings
-                .as_ref()
-                .map(|s| s.alloc_conf.clone())
-                .unwrap_or_default(),
-        };
-        let mut settings = Settings::pytorch()
-            .apply(&conf)
-            .map_err(|e| format!("settings {conf:?}: {e}"))?;
-        settings.per_process_memory_fraction = figures.as_ref().and_then(|f| f.memory_fraction);
-        let capacity = figures
-            .as_ref()
-            .map_or(H200_MEMORY, |f| f.device_total_memory);
+        let (settings, capacity) = recorded_settings(&snapshot, figures.as_ref())?;
         let (knobs, start) = match squeeze {
             None => (Knobs::from_settings(&settings, capacity)?, StartMode::Exact),
             Some(conf) => {

@@ -199,6 +199,26 @@ pub trait Backend {
     }
 }
 
+/// Rule 19j, for the backends' bookkeeping of handles of several pages (first address → bytes):
+/// the extents that share a byte with `[address, address + size)`, as `(first address, bytes)`
+/// in address order.
+pub(crate) fn extents_touching(
+    extents: &std::collections::BTreeMap<u64, u64>,
+    address: u64,
+    size: u64,
+) -> Vec<(u64, u64)> {
+    let end = address.saturating_add(size);
+    let before = extents
+        .range(..address)
+        .next_back()
+        .map(|(&a, &b)| (a, b))
+        .filter(|&(a, b)| a.saturating_add(b) > address);
+    before
+        .into_iter()
+        .chain(extents.range(address..end).map(|(&a, &b)| (a, b)))
+        .collect()
+}
+
 fn no_virtual_memory(operation: &'static str, size: u64) -> BackendError {
     BackendError::Device {
         operation,

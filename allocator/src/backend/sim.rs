@@ -259,17 +259,7 @@ impl SimDevice {
     /// Rule 19j: the handles of several pages that share a byte with `[address, address +
     /// size)`, as `(first address, bytes)`.
     fn handles_touching(&self, address: u64, size: u64) -> Vec<(u64, u64)> {
-        let end = address.saturating_add(size);
-        let before = self
-            .handles
-            .range(..address)
-            .next_back()
-            .map(|(&a, &b)| (a, b))
-            .filter(|&(a, b)| a.saturating_add(b) > address);
-        before
-            .into_iter()
-            .chain(self.handles.range(address..end).map(|(&a, &b)| (a, b)))
-            .collect()
+        crate::backend::extents_touching(&self.handles, address, size)
     }
 
     fn overlaps(&self, address: u64, size: u64) -> bool {

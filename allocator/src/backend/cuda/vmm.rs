@@ -70,17 +70,7 @@ impl Vmm {
     /// Rule 19j: the handles of several pages that share a byte with `[address, address +
     /// size)`, as `(first address, bytes)`.
     fn big_touching(&self, address: u64, size: u64) -> Vec<(u64, u64)> {
-        let end = address.saturating_add(size);
-        let before = self
-            .big
-            .range(..address)
-            .next_back()
-            .map(|(&a, &b)| (a, b))
-            .filter(|&(a, b)| a.saturating_add(b) > address);
-        before
-            .into_iter()
-            .chain(self.big.range(address..end).map(|(&a, &b)| (a, b)))
-            .collect()
+        crate::backend::extents_touching(&self.big, address, size)
     }
 
     /// The mappings behind `pages` (whole mapped pages, in address order) as
