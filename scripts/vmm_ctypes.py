@@ -3,6 +3,7 @@
 pinned-memory properties and read-write access for the current device."""
 
 import ctypes
+import json
 
 MIB = 1 << 20
 
@@ -50,3 +51,12 @@ def check(r, what):
     """Raises when a driver call did not return CUDA_SUCCESS."""
     if r != 0:
         raise RuntimeError(f"{what} failed: CUresult {r}")
+
+
+def report(out, torch, path=None):
+    """Names the GPU in `out`, prints it as JSON and writes it to `path` when given."""
+    out["gpu"] = torch.cuda.get_device_name()
+    print(json.dumps(out, indent=1))
+    if path:
+        with open(path, "w") as f:
+            json.dump(out, f, indent=1)

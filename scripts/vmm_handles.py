@@ -13,10 +13,9 @@ Usage: python3 scripts/vmm_handles.py [--json OUT.json]
 
 import argparse
 import ctypes
-import json
 import time
 
-from vmm_ctypes import MIB, check, setup
+from vmm_ctypes import MIB, check, report, setup
 
 
 def main():
@@ -103,11 +102,7 @@ def main():
                        "unmap_release_us_median": shrink[len(shrink) // 2]}
     out["per_handle"] = prices
     check(cu.cuMemAddressFree(u64(a), sz(1024 * MIB)), "free")
-    out["gpu"] = torch.cuda.get_device_name()
-    print(json.dumps(out, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+    report(out, torch, args.json)
 
 
 if __name__ == "__main__":

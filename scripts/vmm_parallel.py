@@ -12,11 +12,10 @@ Usage: python3 scripts/vmm_parallel.py [--pages N] [--json OUT.json]
 
 import argparse
 import ctypes
-import json
 import threading
 import time
 
-from vmm_ctypes import MIB, setup
+from vmm_ctypes import MIB, report, setup
 
 
 def main():
@@ -76,11 +75,7 @@ def main():
             out["errors"] = errors
             break
     assert cu.cuMemAddressFree(base, sz(n * page)) == 0
-    out["gpu"] = torch.cuda.get_device_name()
-    print(json.dumps(out, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+    report(out, torch, args.json)
 
 
 if __name__ == "__main__":
