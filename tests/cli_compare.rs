@@ -131,3 +131,38 @@ fn compare_without_config_sets_cachalots_policy_beside_pytorchs_two() {
     );
     assert_eq!(r[2]["config"], "");
 }
+
+/// With --repeat, every row shows each later pass's device calls beside the first pass's:
+/// none for PyTorch's policy on a program that never empties its cache; one figure per pass.
+#[test]
+fn compare_with_repeat_shows_each_later_passs_calls() {
+    let t = fixture("bert_infer");
+    let out = cachalot(&["compare", t.to_str().unwrap(), "--repeat", "3"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("later passes' calls"), "{text}");
+    let baseline = text
+        .lines()
+        .find(|l| l.contains("PyTorch (recorded settings)"))
+        .expect("the baseline row");
+    let cells: Vec<&str> = baseline.split('|').map(str::trim).collect();
+    assert_eq!(cells[7], "0 0", "{baseline}");
+    let own = text
+        .lines()
+        .find(|l| l.contains("cachalot's policy"))
+        .expect("cachalot's row");
+    let cells: Vec<&str> = own.split('|').map(str::trim).collect();
+    assert_eq!(cells[7].split(' ').count(), 2, "{own}");
+    // Without --repeat there are no later passes.
+    let once = cachalot(&["compare", t.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&once.stdout);
+    assert!(
+        text.lines()
+            .filter(|l| l.contains("= PyTorch"))
+            .all(|l| l.contains('–'))
+    );
+}

@@ -172,6 +172,54 @@ fn repeat_and_device_memory_are_honoured() {
     assert!(j["ns_per_op"].as_f64().unwrap() > 0.0);
 }
 
+/// The price is never hidden: with `--repeat N` the report gives the first pass's time and
+/// calls and each later pass's calls — none under PyTorch's policy on a program that never
+/// empties its cache, some in cachalot's policy's second pass on bert_infer (it makes the
+/// views the first pass's layout asks for), then none.
+#[test]
+fn repeat_reports_the_first_pass_and_each_later_passs_device_calls() {
+    let trace = fixture("bert_infer");
+    let calls = |j: &serde_json::Value| -> Vec<u64> {
+        j["steady_pass_device_calls"]
+            .as_array()
+            .expect("a list")
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect()
+    };
+    let pytorch = json(&cachalot(&[
+        "replay",
+        trace.to_str().unwrap(),
+        "--pytorch",
+        "--repeat",
+        "4",
+        "--json",
+    ]));
+    assert_eq!(calls(&pytorch), [0, 0, 0]);
+    assert!(pytorch["first_pass_ns_per_op"].as_f64().unwrap() > 0.0);
+    let own = json(&cachalot(&[
+        "replay",
+        trace.to_str().unwrap(),
+        "--repeat",
+        "4",
+        "--json",
+    ]));
+    let later = calls(&own);
+    assert_eq!(later.len(), 3);
+    assert!(later[0] > 0 && later[1..] == [0, 0], "{later:?}");
+    let text = stdout(&cachalot(&[
+        "replay",
+        trace.to_str().unwrap(),
+        "--repeat",
+        "2",
+    ]));
+    assert!(text.contains("first pass"), "{text}");
+    assert!(text.contains("calls a pass"), "{text}");
+    // One pass: no later passes to report.
+    let once = json(&cachalot(&["replay", trace.to_str().unwrap(), "--json"]));
+    assert!(calls(&once).is_empty());
+}
+
 fn assert_bad_input(out: &Output, mentions: &str) {
     let err = stderr(out);
     assert_eq!(out.status.code(), Some(2), "exit code; stderr: {err}");

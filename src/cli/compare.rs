@@ -31,7 +31,8 @@ pub struct CompareArgs {
     /// The first column is always the baseline: PyTorch's defaults plus the settings each
     /// trace was recorded with. Without any, the columns are the baseline, PyTorch with
     /// expandable segments, and cachalot's own policy. "driver calls" counts device
-    /// allocations and frees, or page map and unmap steps under expandable segments.
+    /// allocations and frees, or page map and unmap steps under expandable segments, in the
+    /// first pass; "later passes' calls" those of each pass after it (with --repeat).
     #[arg(long, value_name = "CONF")]
     pub config: Vec<String>,
     /// Apply each --config over PyTorch's defaults instead of cachalot's.
@@ -209,6 +210,7 @@ fn table(labels: &[String], rows: &[TraceRow], geomean: &[f64]) -> String {
         "vs baseline",
         "fragmentation",
         "driver calls",
+        "later passes' calls",
         "ns/op",
     ];
     let mut cells: Vec<Vec<String>> = Vec::new();
@@ -237,6 +239,15 @@ fn table(labels: &[String], rows: &[TraceRow], geomean: &[f64]) -> String {
                 versus,
                 format!("{:.3}", r.fragmentation),
                 (r.device_allocs + r.device_frees).to_string(),
+                if r.steady_pass_device_calls.is_empty() {
+                    "–".to_string()
+                } else {
+                    r.steady_pass_device_calls
+                        .iter()
+                        .map(u64::to_string)
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                },
                 format!("{:.0}", r.ns_per_op),
             ]);
         }
@@ -244,7 +255,7 @@ fn table(labels: &[String], rows: &[TraceRow], geomean: &[f64]) -> String {
     let mut out = markdown(
         &header,
         &cells,
-        &[false, false, true, true, true, true, true],
+        &[false, false, true, true, true, true, true, true],
     );
     out.push_str("\n\n");
     let gm: Vec<Vec<String>> = labels

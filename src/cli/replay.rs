@@ -425,6 +425,11 @@ pub struct Report {
     pub num_sync_all_streams: u64,
     /// Allocator nanoseconds per operation (steady state when repeat > 1).
     pub ns_per_op: f64,
+    /// Allocator nanoseconds per operation of the first pass.
+    pub first_pass_ns_per_op: f64,
+    /// Device calls (allocations and frees, or map and unmap steps) of each pass after the
+    /// first (empty when repeat is 1): the steady state's price.
+    pub steady_pass_device_calls: Vec<u64>,
     /// Peak number of segments.
     pub peak_segments: u64,
     /// Segments at the end of the first pass.
@@ -482,6 +487,8 @@ impl Report {
             num_alloc_retries: out.stats.num_alloc_retries,
             num_sync_all_streams: out.stats.num_sync_all_streams,
             ns_per_op: out.ns_per_op,
+            first_pass_ns_per_op: out.first_pass_ns_per_op,
+            steady_pass_device_calls: out.steady_pass_device_calls.clone(),
             peak_segments: out.peak_segments,
             final_segments: out.final_layout.len(),
             final_reserved_bytes: out.final_layout.iter().map(|s| s.size).sum(),
@@ -619,6 +626,20 @@ impl Report {
             "{:<22}{:.0} ns per operation ({passes})",
             "allocator time", self.ns_per_op
         ));
+        if self.repeat > 1 {
+            let later: Vec<String> = self
+                .steady_pass_device_calls
+                .iter()
+                .map(u64::to_string)
+                .collect();
+            line(format!(
+                "{:<22}{:.0} ns per operation, {} device calls; then {} calls a pass",
+                "first pass",
+                self.first_pass_ns_per_op,
+                self.device_allocs + self.device_frees,
+                later.join(" ")
+            ));
+        }
         if let Some(p) = py {
             line(String::new());
             if p.pytorch_compared.is_empty() {

@@ -107,6 +107,11 @@ pub struct ReplayOutcome {
     /// Allocator nanoseconds per operation: the mean over passes after the first when
     /// `repeat > 1` (steady state), else over the single pass.
     pub ns_per_op: f64,
+    /// Allocator nanoseconds per operation of the first pass.
+    pub first_pass_ns_per_op: f64,
+    /// Device calls (`num_device_alloc` + `num_device_free`) of each pass after the first,
+    /// when `repeat > 1` (the steady state's price; empty otherwise).
+    pub steady_pass_device_calls: Vec<u64>,
     /// Statistics at the end of the first pass.
     pub stats: Stats,
     /// Segments and blocks at the end of the first pass.
@@ -245,12 +250,17 @@ pub fn replay_on_full<B: Backend>(
         Vec::new()
     };
     let ops = program.ops.len().max(1);
-    let mut ns_per_op = first_ns / ops as f64;
+    let first_pass_ns_per_op = first_ns / ops as f64;
+    let mut ns_per_op = first_pass_ns_per_op;
+    let mut steady_pass_device_calls = Vec::new();
     if config.repeat > 1 {
         pass.release_all(&mut core, &mut complete)?;
         let mut steady = Pass::new(program, false);
-        let start = Instant::now();
+        let calls = |s: &Stats| s.num_device_alloc + s.num_device_free;
+        let mut before = calls(core.stats());
+        let mut timed = std::time::Duration::ZERO;
         for p in 1..config.repeat {
+            let start = Instant::now();
             steady.run(
                 &mut core,
                 program,
@@ -261,8 +271,13 @@ pub fn replay_on_full<B: Backend>(
                 progress,
             )?;
             steady.release_all(&mut core, &mut complete)?;
+            timed += start.elapsed();
+            // Counted between passes, outside the timed span.
+            let after = calls(core.stats());
+            steady_pass_device_calls.push(after - before);
+            before = after;
         }
-        ns_per_op = start.elapsed().as_nanos() as f64 / (ops * (config.repeat - 1)) as f64;
+        ns_per_op = timed.as_nanos() as f64 / (ops * (config.repeat - 1)) as f64;
     }
     let allocs = pass.allocs;
     Ok(ReplayOutcome {
@@ -284,6 +299,8 @@ pub fn replay_on_full<B: Backend>(
         empty_cache_at_peak_bytes: pass.whole_free_at_peak,
         stranded_at_peak_bytes: pass.stranded_at_peak,
         ns_per_op,
+        first_pass_ns_per_op,
+        steady_pass_device_calls,
         stats,
         final_layout,
         timeline: pass.timeline,
