@@ -111,7 +111,7 @@ pub use history::{HistoryOptions, RecordedEvent, TraceAction, TraceEvent};
 pub use policy::adopt::{AdoptedBlock, AdoptedRange, AdoptedSegment, AdoptedState};
 
 // Devices: streams, the trait a device implements, and the simulated device.
-pub use backend::sim::{Faults, PageId, PhysicalOverlap, SimDevice};
+pub use backend::sim::{Faults, PageId, PhysicalOverlap, STREAM_WAIT_LOG, SimDevice};
 pub use backend::{Backend, BackendError, EventId, MemInfo, StreamId};
 
 /// Whether this build of cachalot runs on loom's primitives (`RUSTFLAGS="--cfg loom"`, for the

@@ -54,12 +54,18 @@ pub struct SimDevice {
     /// Rule 19j: the home mappings of handles of several pages ([`Backend::map_handle`]), by
     /// first address: their bytes. Unmapped only whole, never aliased.
     handles: BTreeMap<u64, u64>,
-    /// Handles created so far: one per page by [`Backend::map`] (and adoption), one per
-    /// [`Backend::map_handle`] call (each a `cuMemCreate` on a GPU).
+    /// Handles created so far: one per page by [`Backend::map`], one per
+    /// [`Backend::map_handle`] call (each a `cuMemCreate` on a GPU; adopted pages are not).
     handles_created: u64,
-    /// Rule 23k: every stream wait made ([`Backend::wait_stream`]), `(waiter, on)`, in order.
-    stream_waits: Vec<(StreamId, StreamId)>,
+    /// Rule 23k: the latest stream waits made ([`Backend::wait_stream`]), `(waiter, on)`, in
+    /// order, at most [`STREAM_WAIT_LOG`] of them (a long replay's device stays small)…
+    stream_waits: VecDeque<(StreamId, StreamId)>,
+    /// …and how many were made in all.
+    stream_wait_count: u64,
 }
+
+/// How many of the latest stream waits a [`SimDevice`] keeps ([`SimDevice::stream_waits`]).
+pub const STREAM_WAIT_LOG: usize = 1024;
 
 /// A slot that maps no page.
 const NO_PAGE: u32 = u32::MAX;
@@ -165,7 +171,8 @@ impl SimDevice {
             vacant: Vec::new(),
             handles: BTreeMap::new(),
             handles_created: 0,
-            stream_waits: Vec::new(),
+            stream_waits: VecDeque::new(),
+            stream_wait_count: 0,
         }
     }
 
@@ -210,9 +217,15 @@ impl SimDevice {
         self.faults = Faults::default();
     }
 
-    /// Rule 23k: every stream wait the allocator made, `(waiter, on)`, in the order made.
-    pub fn stream_waits(&self) -> &[(StreamId, StreamId)] {
-        &self.stream_waits
+    /// Rule 23k: the latest stream waits the allocator made, `(waiter, on)`, in the order made
+    /// — all of them while there are at most [`STREAM_WAIT_LOG`].
+    pub fn stream_waits(&self) -> Vec<(StreamId, StreamId)> {
+        self.stream_waits.iter().copied().collect()
+    }
+
+    /// Rule 23k: how many stream waits the allocator made in all.
+    pub fn stream_wait_count(&self) -> u64 {
+        self.stream_wait_count
     }
 
     /// Completes the work queued on `stream` so far: every event recorded on it until now.
@@ -654,7 +667,11 @@ impl Backend for SimDevice {
         if take(&mut self.faults.record_error) {
             return Err(device_error("wait_stream"));
         }
-        self.stream_waits.push((waiter, on));
+        if self.stream_waits.len() == STREAM_WAIT_LOG {
+            self.stream_waits.pop_front();
+        }
+        self.stream_waits.push_back((waiter, on));
+        self.stream_wait_count += 1;
         Ok(())
     }
 

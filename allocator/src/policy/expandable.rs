@@ -718,7 +718,7 @@ mod tests {
             ..Settings::pytorch()
         };
         let mut c = CachingCore::new(SimDevice::new(1 << 30), settings).unwrap();
-        // [0, 8) one handle, [8, 16) another; a 1 MiB block keeps the first's first page.
+        // [0, 8) one handle, [8, 16) another; a 2 MiB block keeps the first one in use.
         let a = c.malloc(8 * MIB, S).unwrap();
         let b = c.malloc(8 * MIB, S).unwrap();
         c.free(a).unwrap();

@@ -359,6 +359,7 @@ impl Side for CoreSide {
             device_used: self.core.backend().used(),
             thread_cached_blocks: 0,
             stream_waits: super::stream_waits_observed(
+                self.core.backend().stream_wait_count() as usize,
                 self.core
                     .backend()
                     .stream_waits()

@@ -275,12 +275,17 @@ pub struct Observation {
 /// How many of the latest stream waits an [`Observation`] holds.
 pub const STREAM_WAITS_TAIL: usize = 64;
 
-/// Rule 23k: a device's log of stream waits as an [`Observation`] holds it.
+/// Rule 23k: a device's stream waits as an [`Observation`] holds them: how many were made in
+/// all (`count`), and the last [`STREAM_WAITS_TAIL`] of `latest` (the latest ones, in order).
 pub fn stream_waits_observed(
-    log: impl ExactSizeIterator<Item = (u64, u64)>,
+    count: usize,
+    latest: impl ExactSizeIterator<Item = (u64, u64)>,
 ) -> (usize, Vec<(u64, u64)>) {
-    let n = log.len();
-    (n, log.skip(n.saturating_sub(STREAM_WAITS_TAIL)).collect())
+    let n = latest.len();
+    (
+        count,
+        latest.skip(n.saturating_sub(STREAM_WAITS_TAIL)).collect(),
+    )
 }
 
 /// One side of the differential: something that takes [`Call`]s and can be observed.

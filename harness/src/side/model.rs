@@ -255,7 +255,10 @@ impl Side for ModelSide {
             layout,
             device_used: self.model.device_used(),
             thread_cached_blocks: self.model.thread_cached_blocks(),
-            stream_waits: super::stream_waits_observed(self.model.stream_waits().iter().copied()),
+            stream_waits: super::stream_waits_observed(
+                self.model.stream_waits().len(),
+                self.model.stream_waits().iter().copied(),
+            ),
         })
     }
 

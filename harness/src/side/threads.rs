@@ -176,7 +176,10 @@ impl Side for ThreadedSide {
             device_used: self.alloc.with_backend(|d| d.used()),
             thread_cached_blocks: self.alloc.thread_cached_blocks(),
             stream_waits: self.alloc.with_backend(|d| {
-                super::stream_waits_observed(d.stream_waits().iter().map(|&(w, o)| (w.0, o.0)))
+                super::stream_waits_observed(
+                    d.stream_wait_count() as usize,
+                    d.stream_waits().iter().map(|&(w, o)| (w.0, o.0)),
+                )
             }),
         })
     }

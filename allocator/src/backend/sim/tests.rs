@@ -380,3 +380,18 @@ fn a_handle_of_several_pages_unmaps_only_whole_and_is_never_aliased() {
     assert_eq!(d.used(), 0);
     d.release_reservation(base, 64 * MIB).unwrap();
 }
+
+#[test]
+fn the_stream_wait_log_keeps_the_latest_waits_and_counts_them_all() {
+    use crate::backend::StreamId;
+    let mut d = SimDevice::new(1 << 30);
+    let n = STREAM_WAIT_LOG as u64 + 10;
+    for i in 0..n {
+        d.wait_stream(StreamId(i), StreamId(i + 1)).unwrap();
+    }
+    assert_eq!(d.stream_wait_count(), n);
+    let kept = d.stream_waits();
+    assert_eq!(kept.len(), STREAM_WAIT_LOG);
+    assert_eq!(kept[0], (StreamId(10), StreamId(11)));
+    assert_eq!(kept.last(), Some(&(StreamId(n - 1), StreamId(n))));
+}
