@@ -11,6 +11,7 @@ use rustc_hash::FxHashMap;
 
 use crate::backend::{EventId, StreamId};
 use crate::block::{Backing, BlockId, BlockPhase, FreeKey, Range, Slab, UnmappedKey};
+use crate::free_set::FreeSet;
 use crate::policy::alias::{NO_PAGE, PageTable};
 use crate::policy::views::Views;
 use crate::sizes::{MIN_BLOCK_SIZE, Pool, SMALL_BUFFER};
@@ -281,7 +282,7 @@ pub enum InvariantViolation {
 /// Read-only access to the core's structures, for the checker.
 pub(crate) struct CoreParts<'a> {
     pub blocks: &'a Slab,
-    pub free: &'a [BTreeSet<FreeKey>; 2],
+    pub free: &'a [FreeSet; 2],
     pub unmapped: &'a [BTreeSet<UnmappedKey>; 2],
     pub lent: &'a [BTreeSet<FreeKey>; 2],
     pub lent_at: &'a [BTreeSet<UnmappedKey>; 2],
@@ -981,18 +982,17 @@ fn check_views(
                 && parts.free[b.pool.index()].contains(&(b.stream, b.size, b.address, id))
         })
     };
-    let missing =
-        parts.free[0]
-            .iter()
-            .chain(parts.free[1].iter())
-            .any(|&(_, size, address, id)| {
-                views
-                    .by_home
-                    .range((address, 0)..(address + size, 0))
-                    .next()
-                    .is_some()
-                    && views.free_at.get(&address) != Some(&id)
-            });
+    let missing = parts.free[0]
+        .iter()
+        .chain(parts.free[1].iter())
+        .any(|(_, size, address, id)| {
+            views
+                .by_home
+                .range((address, 0)..(address + size, 0))
+                .next()
+                .is_some()
+                && views.free_at.get(&address) != Some(&id)
+        });
     if missing
         || views
             .free_at

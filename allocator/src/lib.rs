@@ -77,6 +77,7 @@ mod block;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod error;
+mod free_set;
 mod frontend;
 mod history;
 mod invariants;

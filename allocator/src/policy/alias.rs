@@ -396,8 +396,7 @@ impl<B: Backend> CachingCore<B> {
     /// a usable page's home lies wholly inside one).
     fn free_block_holding(&self, pool: Pool, stream: StreamId, slot: u64, bytes: u64) -> BlockId {
         self.free[pool.index()]
-            .range((stream, bytes, 0, 0)..)
-            .take_while(|k| k.0 == stream)
+            .at_least(stream, bytes)
             .find(|k| k.2 <= slot && slot + bytes <= k.2 + k.1)
             .map(|k| k.3)
             .expect("rule 22b: a usable page's home lies inside a free block of its stream")
@@ -525,8 +524,7 @@ impl<B: Backend> CachingCore<B> {
         // The candidates: free mapped blocks of the pool's ranges of the stream with a whole
         // page, outside the run, listed once: most whole-page bytes first, then by address.
         let mut listed: Vec<(u64, u64, u64, BlockId)> = self.free[pool.index()]
-            .range((stream, page, 0, 0)..)
-            .take_while(|k| k.0 == stream)
+            .at_least(stream, page)
             .filter(|k| !(run.0..run.1).contains(&k.2))
             .filter_map(|k| {
                 let (first, end) = self.whole_pages(k.3)?;

@@ -70,7 +70,7 @@ impl<B: Backend> CachingCore<B> {
             if own_pool_only && p != pool.index() {
                 continue;
             }
-            for &(s, _, _, id) in set {
+            for (s, _, _, id) in set.iter() {
                 if Some(id) == start || (own_stream_only && s != stream) {
                     continue;
                 }

@@ -3,8 +3,9 @@
 //! The one rule: `CachingCore` decides, the backend executes. It is `&mut self`, holds no locks,
 //! names no CUDA type and has no `unsafe`; every rule below cites the numbered rule of
 //! ARCHITECTURE.md it implements, and the reference model (`cachalot-model`) implements the
-//! same rules independently. Free blocks live in one ordered set per pool keyed
-//! `(stream, size, address)`, so best fit is one `range` lookup: O(log n) per operation.
+//! same rules independently. Free blocks live in one free set per pool ordered by
+//! `(stream, size, address)` (`crate::free_set`: size classes and a bitmap), so best fit is a
+//! couple of bit scans and a binary search, logarithmic at worst.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -13,6 +14,7 @@ use rustc_hash::FxHashMap;
 use crate::backend::{Backend, BackendError, EventId, StreamId};
 use crate::block::{Backing, Block, BlockId, BlockPhase, FreeKey, Range, Slab, UnmappedKey};
 use crate::error::{Error, OutOfMemory};
+use crate::free_set::FreeSet;
 use crate::history::{History, HistoryOptions, RecordedEvent, TraceAction, TraceEvent};
 use crate::invariants::{CoreParts, InvariantViolation};
 use crate::settings::Settings;
@@ -93,7 +95,8 @@ pub struct CachingCore<B: Backend> {
     settings: Settings,
     device: usize,
     blocks: Slab,
-    free: [BTreeSet<FreeKey>; 2],
+    /// Per pool: the free mapped blocks by `(stream, size, address)` (rule 6's best fit).
+    free: [FreeSet; 2],
     /// Per pool: the unmapped blocks of ranges (rule 19).
     unmapped: [BTreeSet<UnmappedKey>; 2],
     /// Per pool: the lent blocks of ranges (rule 22a) by `(stream, size, address)`, for best
@@ -165,7 +168,7 @@ impl<B: Backend> CachingCore<B> {
             settings,
             device: 0,
             blocks: Slab::default(),
-            free: [BTreeSet::new(), BTreeSet::new()],
+            free: [FreeSet::default(), FreeSet::default()],
             unmapped: [BTreeSet::new(), BTreeSet::new()],
             lent: [BTreeSet::new(), BTreeSet::new()],
             lent_at: [BTreeSet::new(), BTreeSet::new()],
@@ -573,16 +576,13 @@ impl<B: Backend> CachingCore<B> {
     /// Rule 6's candidate (with rule 19a's walk by reach), before the oversize checks.
     fn free_candidate(&self, pool: Pool, stream: StreamId, rounded: u64) -> Option<FreeKey> {
         let p = pool.index();
-        let mut candidates = self.free[p].range((stream, rounded, 0, 0)..);
-        let mut key = *candidates.next()?;
-        if key.0 != stream {
-            return None;
-        }
+        let mut candidates = self.free[p].at_least(stream, rounded);
+        let mut key = candidates.next()?;
         // Rule 19a: among blocks of ranges, walk on while the next fit reaches less far.
         if self.blocks.get(key.3).range.is_some() {
             let mut reach = self.reach(key.3);
-            for &next in candidates {
-                if next.0 != stream || self.blocks.get(key.3).range.is_none() {
+            for next in candidates {
+                if self.blocks.get(key.3).range.is_none() {
                     break;
                 }
                 let r = self.reach(next.3);
@@ -714,35 +714,22 @@ impl<B: Backend> CachingCore<B> {
         if address == 0 {
             return Ok(());
         }
-        let id = *self
-            .live
-            .get(&address)
-            .ok_or(Error::UnknownPointer { address })?;
-        // Rule 23k: a view holding pieces of other streams' ranges orders those streams after
-        // its own's work first; a failing wait fails the free with nothing changed.
-        if self.blocks.get(id).backing == Backing::View
-            && let Some(seq) = self.view_of_allocation(id)
-        {
-            self.wait_for_foreign(seq, true)?;
-        }
-        let mut uses = std::mem::take(&mut self.blocks.get_mut(id).stream_uses);
-        uses.sort_unstable();
-        uses.dedup();
-        let mut recorded = Vec::with_capacity(uses.len());
-        for &s in &uses {
-            match self.backend.record_event(s) {
-                Ok(e) => recorded.push((s, e)),
-                Err(err) => {
-                    // Undo: the block stays allocated with its uses, as if free was never called.
-                    for (_, e) in recorded {
-                        self.backend.destroy_event(e);
-                    }
-                    self.blocks.get_mut(id).stream_uses = uses;
-                    return Err(Error::Backend(err));
+        let Some(id) = self.live.remove(&address) else {
+            return Err(Error::UnknownPointer { address });
+        };
+        let b = self.blocks.get(id);
+        let recorded = if b.backing != Backing::View && b.stream_uses.is_empty() {
+            Vec::new()
+        } else {
+            match self.record_uses(id) {
+                Ok(recorded) => recorded,
+                Err(e) => {
+                    // Nothing changed: the block stays live.
+                    self.live.insert(address, id);
+                    return Err(e);
                 }
             }
-        }
-        self.live.remove(&address);
+        };
         let (pool, size, requested, stream) = {
             let b = self.blocks.get(id);
             (b.pool, b.size, b.requested, b.stream)
@@ -766,6 +753,35 @@ impl<B: Backend> CachingCore<B> {
         Ok(())
     }
 
+    /// Rules 15 and 23k, before a free: a view holding pieces of other streams' ranges orders
+    /// those streams after its own's work, then an event is recorded on every other stream the
+    /// block was used on. On a failure nothing has changed (the events recorded so far are
+    /// destroyed, the block keeps its uses).
+    fn record_uses(&mut self, id: BlockId) -> Result<Vec<(StreamId, EventId)>, Error> {
+        if self.blocks.get(id).backing == Backing::View
+            && let Some(seq) = self.view_of_allocation(id)
+        {
+            self.wait_for_foreign(seq, true)?;
+        }
+        let mut uses = std::mem::take(&mut self.blocks.get_mut(id).stream_uses);
+        uses.sort_unstable();
+        uses.dedup();
+        let mut recorded = Vec::with_capacity(uses.len());
+        for &s in &uses {
+            match self.backend.record_event(s) {
+                Ok(e) => recorded.push((s, e)),
+                Err(err) => {
+                    for (_, e) in recorded {
+                        self.backend.destroy_event(e);
+                    }
+                    self.blocks.get_mut(id).stream_uses = uses;
+                    return Err(Error::Backend(err));
+                }
+            }
+        }
+        Ok(recorded)
+    }
+
     /// Marks the allocated block at `address` as used on `stream`: when freed, it is not reused
     /// until the work queued on `stream` by then has completed. Address 0 (a zero-size
     /// allocation's) is a no-op, as PyTorch's `recordStream` of a null pointer; an address that
@@ -774,10 +790,9 @@ impl<B: Backend> CachingCore<B> {
         if address == 0 {
             return Ok(());
         }
-        let id = *self
-            .live
-            .get(&address)
-            .ok_or(Error::UnknownPointer { address })?;
+        let Some(&id) = self.live.get(&address) else {
+            return Err(Error::UnknownPointer { address });
+        };
         let b = self.blocks.get_mut(id);
         if b.stream != stream && !b.stream_uses.contains(&stream) {
             b.stream_uses.push(stream);

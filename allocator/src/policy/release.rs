@@ -95,10 +95,7 @@ impl<B: Backend> CachingCore<B> {
             return Ok(false);
         }
         let target = rounded.max(max_split);
-        let first = self.free[pool.index()]
-            .range((stream, target, 0, 0)..)
-            .next()
-            .copied();
+        let first = self.free[pool.index()].at_least(stream, target).next();
         if let Some((s, _, _, id)) = first {
             // A block that is not a whole segment cannot be given back on its own; PyTorch
             // skips such blocks (expandable segments) the same way.
@@ -109,10 +106,7 @@ impl<B: Backend> CachingCore<B> {
         }
         let mut chosen = Vec::new();
         let mut total = 0u64;
-        for &(s, size, _, id) in self.free[pool.index()]
-            .range(..(stream, target, 0, 0))
-            .rev()
-        {
+        for (s, size, _, id) in self.free[pool.index()].below(stream, target) {
             if total >= target || size < max_split || s != stream {
                 break;
             }
@@ -140,7 +134,7 @@ impl<B: Backend> CachingCore<B> {
         let age = |b: &Block| now - b.gc_base;
         let mut total_age = 0u64;
         let mut count = 0u64;
-        for k in &self.free[Pool::Large.index()] {
+        for k in self.free[Pool::Large.index()].iter() {
             let b = self.blocks.get(k.3);
             if self.is_whole_segment(k.3) {
                 total_age += age(b);

@@ -327,7 +327,7 @@ fn a_statistic_that_drifts_from_the_blocks_is_a_typed_violation() {
 fn a_block_missing_from_its_free_set_is_a_typed_violation() {
     let mut c = core(1 << 30);
     let a = c.malloc(512, StreamId(0)).unwrap();
-    let rest = *c.free[Pool::Small.index()].iter().next().unwrap();
+    let rest = c.free[Pool::Small.index()].iter().next().unwrap();
     c.free[Pool::Small.index()].remove(&rest);
     assert_eq!(
         c.check_invariants(),
