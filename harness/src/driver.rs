@@ -225,6 +225,7 @@ pub struct Driver<A: Side, B: Side> {
     pub b: B,
     handles: Handles,
     step: usize,
+    check_every: usize,
 }
 
 impl<A: Side, B: Side> Driver<A, B> {
@@ -235,7 +236,18 @@ impl<A: Side, B: Side> Driver<A, B> {
             b,
             handles: Handles::default(),
             step: 0,
+            check_every: 1,
         }
+    }
+
+    /// Runs both sides' invariant checks after every `k`-th call only (and wherever
+    /// [`Driver::check`] or [`Driver::compare`] is called: at the start, after the last
+    /// operation and after the drain in [`run_scenario`]); everything observable is still
+    /// compared after every step. The fuzz targets' trade (see [`crate::fuzzing`]): the checks
+    /// are most of an execution's time. `k` = 1, the default, checks after every step.
+    pub fn check_invariants_every(mut self, k: usize) -> Driver<A, B> {
+        self.check_every = k.max(1);
+        self
     }
 
     /// The user's view of the allocations.
@@ -255,7 +267,13 @@ impl<A: Side, B: Side> Driver<A, B> {
     pub fn apply_step(&mut self, step: &ThreadOp) -> Result<(), String> {
         let call = self.handles.resolve_step(step);
         self.call(&call)
-            .and_then(|_| self.compare())
+            .and_then(|_| {
+                self.compare_observed()?;
+                if self.step.is_multiple_of(self.check_every) {
+                    self.check()?;
+                }
+                Ok(())
+            })
             .map_err(|e| format!("step {}: {step:?} ({call:?}): {e}", self.step))
     }
 
@@ -278,8 +296,18 @@ impl<A: Side, B: Side> Driver<A, B> {
 
     /// Compares statistics, layout, device memory, thread caches and both invariant checks.
     pub fn compare(&self) -> Result<(), String> {
+        self.compare_observed()?;
+        self.check()
+    }
+
+    /// Compares statistics, layout, device memory and thread caches.
+    fn compare_observed(&self) -> Result<(), String> {
         let (oa, ob) = (self.a.observe()?, self.b.observe()?);
-        compare_observations((self.a.name(), &oa), (self.b.name(), &ob))?;
+        compare_observations((self.a.name(), &oa), (self.b.name(), &ob))
+    }
+
+    /// Both sides' invariant checks.
+    pub fn check(&self) -> Result<(), String> {
         self.a
             .check_invariants()
             .map_err(|e| format!("{} invariant: {e}", self.a.name()))?;
@@ -306,6 +334,8 @@ impl<A: Side, B: Side> Driver<A, B> {
             thread: 1,
             op: Op::EmptyCache,
         })?;
+        self.check()
+            .map_err(|e| format!("after the drain (step {}): {e}", self.step))?;
         let used = self.a.observe()?.device_used;
         if used != 0 {
             return Err(format!(
@@ -330,9 +360,20 @@ pub fn run_scenario(scenario: &Scenario) -> Result<(), String> {
     run_scenario_observed(scenario).map(|_| ())
 }
 
+/// [`run_scenario`] with both sides' invariant checks after every `k`-th step only
+/// ([`Driver::check_invariants_every`]), and always at the start, after the last operation
+/// and after the drain.
+pub fn run_scenario_checked_every(scenario: &Scenario, k: usize) -> Result<(), String> {
+    run_scenario_with(scenario, k).map(|_| ())
+}
+
 /// [`run_scenario`], returning what both sides observed after the last operation, before the
 /// drain (they agree on it): for hand-made sequences that also assert on that state.
 pub fn run_scenario_observed(scenario: &Scenario) -> Result<Observation, String> {
+    run_scenario_with(scenario, 1)
+}
+
+fn run_scenario_with(scenario: &Scenario, check_every: usize) -> Result<Observation, String> {
     let steps: Vec<ThreadOp> = scenario
         .ops
         .iter()
@@ -344,11 +385,15 @@ pub fn run_scenario_observed(scenario: &Scenario) -> Result<Observation, String>
     let mut driver = Driver::new(
         CoreSide::new(&scenario.knobs)?,
         ModelSide::new(&scenario.knobs),
-    );
+    )
+    .check_invariants_every(check_every);
     driver.compare()?;
     for step in &steps {
         driver.apply_step(step)?;
     }
+    driver
+        .check()
+        .map_err(|e| format!("after the last operation (step {}): {e}", driver.step))?;
     let seen = driver.b.observe()?;
     driver.drain()?;
     Ok(seen)

@@ -294,6 +294,16 @@ impl CoreSide {
             .collect()
     }
 
+    /// The layout alone (what [`Side::observe`] reports of it), without the statistics.
+    pub fn layout(&self) -> Vec<SegmentView> {
+        layout(self.core.segments())
+    }
+
+    /// Bytes the device has handed out (what [`Side::observe`] reports as `device_used`).
+    pub fn device_used(&self) -> u64 {
+        self.core.backend().used()
+    }
+
     /// Reserved bytes by the core's statistics.
     pub fn reserved_bytes(&self) -> i64 {
         self.core.stats().reserved_bytes.all.current
