@@ -8,12 +8,32 @@
 //! cargo run --release -p cachalot-harness --example fuzz_speed -- TARGET [SECONDS] [DIR]
 //! ```
 //!
-//! `DIR` replaces the seed folder (a working corpus, `fuzz/corpus/<target>/`).
+//! `DIR` replaces the seed folder (a working corpus, `fuzz/corpus/<target>/`). With
+//! `CHECK_EVERY=k` in the environment, `differential` runs its scenarios with both sides'
+//! invariant checks every `k` steps (`run_scenario_checked_every`) instead of the target's own
+//! choice: to measure what the checks cost.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use cachalot_harness::fuzzing::TARGETS;
+use cachalot_harness::driver::run_scenario_checked_every;
+use cachalot_harness::fuzzing::{Harness, TARGETS, scenario_from_bytes};
+
+/// `CHECK_EVERY`, read once.
+fn check_every() -> usize {
+    static K: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *K.get_or_init(|| {
+        std::env::var("CHECK_EVERY")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .expect("CHECK_EVERY")
+    })
+}
+
+/// `differential` with the invariant checks every `CHECK_EVERY` steps.
+fn differential_checked(data: &[u8]) -> Result<(), String> {
+    run_scenario_checked_every(&scenario_from_bytes(data), check_every())
+}
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -22,10 +42,14 @@ fn main() {
         std::process::exit(2);
     };
     let seconds: f64 = args.get(1).map_or(5.0, |s| s.parse().expect("SECONDS"));
-    let Some(&(_, harness)) = TARGETS.iter().find(|(t, _)| t == target) else {
+    let Some(&(_, mut harness)) = TARGETS.iter().find(|(t, _)| t == target) else {
         eprintln!("unknown target {target}");
         std::process::exit(2);
     };
+    if target == "differential" && std::env::var_os("CHECK_EVERY").is_some() {
+        check_every();
+        harness = differential_checked as Harness;
+    }
     let dir = args.get(2).map_or_else(
         || {
             Path::new(env!("CARGO_MANIFEST_DIR"))
