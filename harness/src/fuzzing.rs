@@ -59,13 +59,16 @@ fn decode<T: for<'a> Arbitrary<'a>>(data: &[u8]) -> (Knobs, Vec<T>) {
     (knobs, values)
 }
 
-/// How often `differential` runs both sides' invariant checks: after every `CHECK_EVERY`-th
-/// step, and always at the start, after the last operation and after the drain
-/// ([`crate::driver::run_scenario_checked_every`]); the outcome of every call, the statistics,
-/// the layout, the device's memory and the thread caches are compared after every step. The
-/// two checks were about 60% of an execution's time (fuzz/README.md, "Speed"); a broken
-/// invariant that lasts is still found, at most `CHECK_EVERY - 1` steps late, and the property
-/// tests (`harness/tests/`) keep checking after every step.
+/// How often `differential` runs both sides' invariant checks, and `device_faults` the
+/// allocator's own: after every `CHECK_EVERY`-th step, and always at the start, after the last
+/// operation and after the drain or recovery ([`crate::driver::run_scenario_checked_every`],
+/// [`FaultHarness::apply`]). Everything else is checked after every step: in `differential` the
+/// outcome of every call, the statistics, the layout, the device's memory and the thread
+/// caches; in `device_faults` every outcome, the user's blocks against the allocator's, and the
+/// device's allocations and bytes against the segments. The invariant checks were most of an
+/// execution's time (fuzz/README.md, "Speed"); a broken invariant that lasts is still found, at
+/// most `CHECK_EVERY - 1` steps late, and the property tests (`harness/tests/`) keep checking
+/// after every step.
 pub const CHECK_EVERY: usize = 8;
 
 /// Decodes bytes into a scenario: knobs, then up to [`MAX_OPS`] operations until the bytes run
@@ -146,11 +149,14 @@ impl FaultHarness {
         })
     }
 
-    /// Runs one step and checks its outcome and the state after it.
+    /// Runs one step and checks its outcome and the state after it (the allocator's own
+    /// invariant checks after every [`CHECK_EVERY`]-th step only: [`FaultHarness::check`]
+    /// runs them all).
     pub fn apply(&mut self, step: &FaultStep) -> Result<(), String> {
         self.step += 1;
+        let invariants = self.step.is_multiple_of(CHECK_EVERY);
         self.run(step)
-            .and_then(|()| self.check())
+            .and_then(|()| self.check_with(invariants))
             .map_err(|e| format!("step {}: {step:?}: {e}", self.step))
     }
 
@@ -258,11 +264,19 @@ impl FaultHarness {
     /// No block lost, none handed out twice, the device holds exactly the allocator's segments,
     /// and the allocator's own invariants hold.
     pub fn check(&self) -> Result<(), String> {
+        self.check_with(true)
+    }
+
+    /// [`FaultHarness::check`], the allocator's own invariant checks (most of the time a check
+    /// takes) only when `invariants`.
+    fn check_with(&self, invariants: bool) -> Result<(), String> {
         // The layout and the device's bytes alone: the statistics are not checked here.
         let layout = self.side.layout();
-        self.side
-            .check_invariants_on(&layout)
-            .map_err(|e| format!("allocator invariant: {e}"))?;
+        if invariants {
+            self.side
+                .check_invariants_on(&layout)
+                .map_err(|e| format!("allocator invariant: {e}"))?;
+        }
         let mut allocated: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
         let mut end = 0u64;
         for s in &layout {
@@ -408,6 +422,8 @@ pub fn device_faults(data: &[u8]) -> Result<(), String> {
     for step in &steps {
         h.apply(step).map_err(describe)?;
     }
+    h.check()
+        .map_err(|e| describe(format!("after the last step: {e}")))?;
     h.recover().map_err(describe)
 }
 
