@@ -504,3 +504,107 @@ impl<A: Side, B: Side> ReplayTarget for Driver<A, B> {
             .map(drop)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+    use crate::side::FlatStats;
+
+    /// A side that answers every call with `Ok(0)`, is always observed the same, and whose
+    /// invariant check fails once it has made `broken_from` calls (never for `usize::MAX`).
+    struct Fake {
+        calls: usize,
+        broken_from: usize,
+        checks: Cell<usize>,
+    }
+
+    fn fake(broken_from: usize) -> Fake {
+        Fake {
+            calls: 0,
+            broken_from,
+            checks: Cell::new(0),
+        }
+    }
+
+    impl Side for Fake {
+        fn name(&self) -> &'static str {
+            "fake"
+        }
+
+        fn call(&mut self, _: &Call) -> Outcome {
+            self.calls += 1;
+            Outcome::Ok(0)
+        }
+
+        fn observe(&self) -> Result<Observation, String> {
+            Ok(Observation {
+                stats: FlatStats::from_pairs(&[("x", 1)]),
+                layout: Vec::new(),
+                device_used: 0,
+                thread_cached_blocks: 0,
+                stream_waits: (0, Vec::new()),
+            })
+        }
+
+        fn check_invariants(&self) -> Result<(), String> {
+            self.checks.set(self.checks.get() + 1);
+            if self.calls >= self.broken_from {
+                Err(format!("broken after {} calls", self.calls))
+            } else {
+                Ok(())
+            }
+        }
+    }
+
+    fn run(driver: &mut Driver<Fake, Fake>, steps: usize) -> Result<(), String> {
+        (0..steps).try_for_each(|_| driver.apply(&Op::EmptyCache))
+    }
+
+    #[test]
+    fn invariants_are_checked_after_every_step_by_default() {
+        let mut d = Driver::new(fake(3), fake(usize::MAX));
+        let e = run(&mut d, 10).unwrap_err();
+        assert!(e.starts_with("step 3: ") && e.contains("fake invariant: broken after 3 calls"));
+        assert_eq!(d.a.checks.get(), 3);
+    }
+
+    #[test]
+    fn every_kth_step_the_invariants_are_checked_and_whenever_asked() {
+        let mut d = Driver::new(fake(3), fake(usize::MAX)).check_invariants_every(8);
+        run(&mut d, 5).unwrap();
+        assert_eq!(d.a.checks.get(), 0, "steps 1 to 5 compare, not check");
+        assert!(d.check().unwrap_err().contains("broken after 5 calls"));
+        let e = run(&mut d, 5).unwrap_err();
+        assert!(e.starts_with("step 8: "), "{e}");
+        // Both sides are checked at a checked step.
+        let mut d = Driver::new(fake(usize::MAX), fake(1)).check_invariants_every(2);
+        let e = run(&mut d, 3).unwrap_err();
+        assert!(e.starts_with("step 2: "), "{e}");
+        assert_eq!((d.a.checks.get(), d.b.checks.get()), (1, 1));
+    }
+
+    #[test]
+    fn a_scenario_shorter_than_k_runs_on_the_real_sides() {
+        // Fewer steps than k: only the checks at the start, after the last operation and after
+        // the drain run, and they pass on the allocator and the model as the checks after
+        // every step do.
+        let scenario = Scenario {
+            knobs: crate::scenario::Knobs::pytorch(1 << 30),
+            ops: vec![
+                Op::Malloc {
+                    size: 4096,
+                    stream: 0,
+                },
+                Op::Malloc {
+                    size: 3 << 20,
+                    stream: 1,
+                },
+                Op::Free { pick: 0 },
+            ],
+        };
+        run_scenario_checked_every(&scenario, 1000).unwrap();
+        run_scenario_checked_every(&scenario, 1).unwrap();
+    }
+}
