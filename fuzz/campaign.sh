@@ -10,6 +10,10 @@
 #   SANITIZER  cargo fuzz's -s (default none: the code under test is safe Rust, and without a
 #              sanitizer stable Rust builds it; 'address' needs a nightly toolchain)
 #   FUZZ_ARGS  extra libFuzzer flags for every target (e.g. -max_len=8192)
+#   NO_TRACE_COMPARES  targets built without libFuzzer's comparison tracing (cargo fuzz
+#              --no-trace-compares, in fuzz/target/no-trace-compares/; default: the two allocator
+#              targets, whose comparisons are mostly the checks' own and cost them 2-2.5x their
+#              speed; see fuzz/README.md, "Speed"); '' traces every target's comparisons
 #
 # Route (see fuzz/README.md): cargo-fuzz (installed here if missing) on the stable toolchain
 # with RUSTC_BOOTSTRAP=1, which cargo-fuzz needs for its -Z flags; no nightly required.
@@ -25,6 +29,7 @@ JOBS=${2:-1}
 [[ $JOBS =~ ^[0-9]+$ && $JOBS -gt 0 ]] || usage
 TARGETS=${TARGETS:-"settings_parser snapshot_reader device_faults differential"}
 SANITIZER=${SANITIZER:-none}
+NO_TRACE_COMPARES=${NO_TRACE_COMPARES-"differential device_faults"}
 
 FUZZ=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(dirname "$FUZZ")
@@ -39,6 +44,18 @@ fi
 echo "== building (sanitizer: $SANITIZER)"
 cargo fuzz build -s "$SANITIZER"
 BIN="$FUZZ/target/x86_64-unknown-linux-gnu/release"
+NO_TC_DIR="$FUZZ/target/no-trace-compares"
+untraced() { [[ " $NO_TRACE_COMPARES " == *" $1 "* ]]; }
+for t in $TARGETS; do
+    if untraced "$t"; then
+        echo "== building $t without comparison tracing"
+        cargo fuzz build -s "$SANITIZER" --no-trace-compares --target-dir "$NO_TC_DIR" "$t"
+    fi
+done
+# The binary a target runs.
+bin_dir() {
+    if untraced "$1"; then echo "$NO_TC_DIR/x86_64-unknown-linux-gnu/release"; else echo "$BIN"; fi
+}
 
 # Per-target libFuzzer flags.
 target_flags() {
@@ -55,7 +72,8 @@ target_flags() {
 crashed=0
 summary=()
 for t in $TARGETS; do
-    [[ -x $BIN/$t ]] || { echo "unknown target $t" >&2; exit 2; }
+    bin=$(bin_dir "$t")
+    [[ -x $bin/$t ]] || { echo "unknown target $t" >&2; exit 2; }
     corpus=$FUZZ/corpus/$t
     artifacts=$FUZZ/artifacts/$t
     logs=$FUZZ/logs/$t
@@ -73,7 +91,7 @@ for t in $TARGETS; do
     echo "== $t: $SECONDS_PER_TARGET s, $JOBS job(s)"
     start=$(date +%s)
     # -jobs/-workers: JOBS processes, each fuzzing for the whole time and sharing the corpus.
-    (cd "$logs" && "$BIN/$t" "$corpus" "$FUZZ/seeds/$t" "${extra[@]}" \
+    (cd "$logs" && "$bin/$t" "$corpus" "$FUZZ/seeds/$t" "${extra[@]}" \
         -max_total_time="$SECONDS_PER_TARGET" -jobs="$JOBS" -workers="$JOBS" \
         -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
         -artifact_prefix="$artifacts/" $(target_flags "$t") ${FUZZ_ARGS:-} \
@@ -94,7 +112,7 @@ for t in $TARGETS; do
         grep -hs -A12 -e 'panicked at' -e 'ERROR: libFuzzer' "$logs"/fuzz-*.log | head -60 || true
         for a in $(ls -t "$artifacts" | head -n "$(( new > 0 ? new : 1 ))"); do
             echo "!! reproduce:  cd $FUZZ && RUSTC_BOOTSTRAP=1 cargo fuzz run -s $SANITIZER $t artifacts/$t/$a"
-            echo "!!    or:      $BIN/$t $artifacts/$a"
+            echo "!!    or:      $bin/$t $artifacts/$a"
             echo "!! keep it:    cp $artifacts/$a $FUZZ/regressions/$t/  (then cargo test -p cachalot-harness --test fuzz_corpus)"
         done
     fi

@@ -225,6 +225,7 @@ pub struct Driver<A: Side, B: Side> {
     pub b: B,
     handles: Handles,
     step: usize,
+    check_every: usize,
 }
 
 impl<A: Side, B: Side> Driver<A, B> {
@@ -235,7 +236,18 @@ impl<A: Side, B: Side> Driver<A, B> {
             b,
             handles: Handles::default(),
             step: 0,
+            check_every: 1,
         }
+    }
+
+    /// Runs both sides' invariant checks after every `k`-th call only (and wherever
+    /// [`Driver::check`] or [`Driver::compare`] is called: at the start, after the last
+    /// operation and after the drain in [`run_scenario`]); everything observable is still
+    /// compared after every step. The fuzz targets' trade (see [`crate::fuzzing`]): the checks
+    /// are most of an execution's time. `k` = 1, the default, checks after every step.
+    pub fn check_invariants_every(mut self, k: usize) -> Driver<A, B> {
+        self.check_every = k.max(1);
+        self
     }
 
     /// The user's view of the allocations.
@@ -255,7 +267,13 @@ impl<A: Side, B: Side> Driver<A, B> {
     pub fn apply_step(&mut self, step: &ThreadOp) -> Result<(), String> {
         let call = self.handles.resolve_step(step);
         self.call(&call)
-            .and_then(|_| self.compare())
+            .and_then(|_| {
+                self.compare_observed()?;
+                if self.step.is_multiple_of(self.check_every) {
+                    self.check()?;
+                }
+                Ok(())
+            })
             .map_err(|e| format!("step {}: {step:?} ({call:?}): {e}", self.step))
     }
 
@@ -278,8 +296,18 @@ impl<A: Side, B: Side> Driver<A, B> {
 
     /// Compares statistics, layout, device memory, thread caches and both invariant checks.
     pub fn compare(&self) -> Result<(), String> {
+        self.compare_observed()?;
+        self.check()
+    }
+
+    /// Compares statistics, layout, device memory and thread caches.
+    fn compare_observed(&self) -> Result<(), String> {
         let (oa, ob) = (self.a.observe()?, self.b.observe()?);
-        compare_observations((self.a.name(), &oa), (self.b.name(), &ob))?;
+        compare_observations((self.a.name(), &oa), (self.b.name(), &ob))
+    }
+
+    /// Both sides' invariant checks.
+    pub fn check(&self) -> Result<(), String> {
         self.a
             .check_invariants()
             .map_err(|e| format!("{} invariant: {e}", self.a.name()))?;
@@ -306,6 +334,8 @@ impl<A: Side, B: Side> Driver<A, B> {
             thread: 1,
             op: Op::EmptyCache,
         })?;
+        self.check()
+            .map_err(|e| format!("after the drain (step {}): {e}", self.step))?;
         let used = self.a.observe()?.device_used;
         if used != 0 {
             return Err(format!(
@@ -330,9 +360,20 @@ pub fn run_scenario(scenario: &Scenario) -> Result<(), String> {
     run_scenario_observed(scenario).map(|_| ())
 }
 
+/// [`run_scenario`] with both sides' invariant checks after every `k`-th step only
+/// ([`Driver::check_invariants_every`]), and always at the start, after the last operation
+/// and after the drain.
+pub fn run_scenario_checked_every(scenario: &Scenario, k: usize) -> Result<(), String> {
+    run_scenario_with(scenario, k).map(|_| ())
+}
+
 /// [`run_scenario`], returning what both sides observed after the last operation, before the
 /// drain (they agree on it): for hand-made sequences that also assert on that state.
 pub fn run_scenario_observed(scenario: &Scenario) -> Result<Observation, String> {
+    run_scenario_with(scenario, 1)
+}
+
+fn run_scenario_with(scenario: &Scenario, check_every: usize) -> Result<Observation, String> {
     let steps: Vec<ThreadOp> = scenario
         .ops
         .iter()
@@ -344,11 +385,15 @@ pub fn run_scenario_observed(scenario: &Scenario) -> Result<Observation, String>
     let mut driver = Driver::new(
         CoreSide::new(&scenario.knobs)?,
         ModelSide::new(&scenario.knobs),
-    );
+    )
+    .check_invariants_every(check_every);
     driver.compare()?;
     for step in &steps {
         driver.apply_step(step)?;
     }
+    driver
+        .check()
+        .map_err(|e| format!("after the last operation (step {}): {e}", driver.step))?;
     let seen = driver.b.observe()?;
     driver.drain()?;
     Ok(seen)
@@ -457,5 +502,109 @@ impl<A: Side, B: Side> ReplayTarget for Driver<A, B> {
     fn release_stream_cache(&mut self, stream: StreamId) -> Result<(), ReplayStop> {
         self.replay_call(Call::ReleaseStream { stream: stream.0 })
             .map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+    use crate::side::FlatStats;
+
+    /// A side that answers every call with `Ok(0)`, is always observed the same, and whose
+    /// invariant check fails once it has made `broken_from` calls (never for `usize::MAX`).
+    struct Fake {
+        calls: usize,
+        broken_from: usize,
+        checks: Cell<usize>,
+    }
+
+    fn fake(broken_from: usize) -> Fake {
+        Fake {
+            calls: 0,
+            broken_from,
+            checks: Cell::new(0),
+        }
+    }
+
+    impl Side for Fake {
+        fn name(&self) -> &'static str {
+            "fake"
+        }
+
+        fn call(&mut self, _: &Call) -> Outcome {
+            self.calls += 1;
+            Outcome::Ok(0)
+        }
+
+        fn observe(&self) -> Result<Observation, String> {
+            Ok(Observation {
+                stats: FlatStats::from_pairs(&[("x", 1)]),
+                layout: Vec::new(),
+                device_used: 0,
+                thread_cached_blocks: 0,
+                stream_waits: (0, Vec::new()),
+            })
+        }
+
+        fn check_invariants(&self) -> Result<(), String> {
+            self.checks.set(self.checks.get() + 1);
+            if self.calls >= self.broken_from {
+                Err(format!("broken after {} calls", self.calls))
+            } else {
+                Ok(())
+            }
+        }
+    }
+
+    fn run(driver: &mut Driver<Fake, Fake>, steps: usize) -> Result<(), String> {
+        (0..steps).try_for_each(|_| driver.apply(&Op::EmptyCache))
+    }
+
+    #[test]
+    fn invariants_are_checked_after_every_step_by_default() {
+        let mut d = Driver::new(fake(3), fake(usize::MAX));
+        let e = run(&mut d, 10).unwrap_err();
+        assert!(e.starts_with("step 3: ") && e.contains("fake invariant: broken after 3 calls"));
+        assert_eq!(d.a.checks.get(), 3);
+    }
+
+    #[test]
+    fn every_kth_step_the_invariants_are_checked_and_whenever_asked() {
+        let mut d = Driver::new(fake(3), fake(usize::MAX)).check_invariants_every(8);
+        run(&mut d, 5).unwrap();
+        assert_eq!(d.a.checks.get(), 0, "steps 1 to 5 compare, not check");
+        assert!(d.check().unwrap_err().contains("broken after 5 calls"));
+        let e = run(&mut d, 5).unwrap_err();
+        assert!(e.starts_with("step 8: "), "{e}");
+        // Both sides are checked at a checked step.
+        let mut d = Driver::new(fake(usize::MAX), fake(1)).check_invariants_every(2);
+        let e = run(&mut d, 3).unwrap_err();
+        assert!(e.starts_with("step 2: "), "{e}");
+        assert_eq!((d.a.checks.get(), d.b.checks.get()), (1, 1));
+    }
+
+    #[test]
+    fn a_scenario_shorter_than_k_runs_on_the_real_sides() {
+        // Fewer steps than k: only the checks at the start, after the last operation and after
+        // the drain run, and they pass on the allocator and the model as the checks after
+        // every step do.
+        let scenario = Scenario {
+            knobs: crate::scenario::Knobs::pytorch(1 << 30),
+            ops: vec![
+                Op::Malloc {
+                    size: 4096,
+                    stream: 0,
+                },
+                Op::Malloc {
+                    size: 3 << 20,
+                    stream: 1,
+                },
+                Op::Free { pick: 0 },
+            ],
+        };
+        run_scenario_checked_every(&scenario, 1000).unwrap();
+        run_scenario_checked_every(&scenario, 1).unwrap();
     }
 }

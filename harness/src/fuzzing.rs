@@ -23,7 +23,7 @@ use cachalot_tools::snapshot::{
 };
 
 use crate::draw::{Draws, draw};
-use crate::driver::{Handles, run_scenario};
+use crate::driver::{Handles, run_scenario_checked_every};
 use crate::op::{Op, STREAMS};
 use crate::scenario::{Knobs, Scenario};
 use crate::side::{BlockKind, Call, CoreSide, FaultKind, Observation, Outcome, Side};
@@ -59,6 +59,18 @@ fn decode<T: for<'a> Arbitrary<'a>>(data: &[u8]) -> (Knobs, Vec<T>) {
     (knobs, values)
 }
 
+/// How often `differential` runs both sides' invariant checks, and `device_faults` the
+/// allocator's own: after every `CHECK_EVERY`-th step, and always at the start, after the last
+/// operation and after the drain or recovery ([`crate::driver::run_scenario_checked_every`],
+/// [`FaultHarness::apply`]). Everything else is checked after every step: in `differential` the
+/// outcome of every call, the statistics, the layout, the device's memory and the thread
+/// caches; in `device_faults` every outcome, the user's blocks against the allocator's, and the
+/// device's allocations and bytes against the segments. The invariant checks were most of an
+/// execution's time (fuzz/README.md, "Speed"); a broken invariant that lasts is still found, at
+/// most `CHECK_EVERY - 1` steps late, and the property tests (`harness/tests/`) keep checking
+/// after every step.
+pub const CHECK_EVERY: usize = 8;
+
 /// Decodes bytes into a scenario: knobs, then up to [`MAX_OPS`] operations until the bytes run
 /// out.
 pub fn scenario_from_bytes(data: &[u8]) -> Scenario {
@@ -66,10 +78,11 @@ pub fn scenario_from_bytes(data: &[u8]) -> Scenario {
     Scenario { knobs, ops }
 }
 
-/// Target `differential`: the scenario the bytes decode to, through [`run_scenario`].
+/// Target `differential`: the scenario the bytes decode to, through
+/// [`run_scenario_checked_every`] with invariant checks every [`CHECK_EVERY`] steps.
 pub fn differential(data: &[u8]) -> Result<(), String> {
     let scenario = scenario_from_bytes(data);
-    run_scenario(&scenario).map_err(|e| {
+    run_scenario_checked_every(&scenario, CHECK_EVERY).map_err(|e| {
         format!(
             "{e}\nknobs: {:?}\nops ({}): {:?}",
             scenario.knobs,
@@ -136,11 +149,14 @@ impl FaultHarness {
         })
     }
 
-    /// Runs one step and checks its outcome and the state after it.
+    /// Runs one step and checks its outcome and the state after it (the allocator's own
+    /// invariant checks after every [`CHECK_EVERY`]-th step only: [`FaultHarness::check`]
+    /// runs them all).
     pub fn apply(&mut self, step: &FaultStep) -> Result<(), String> {
         self.step += 1;
+        let invariants = self.step.is_multiple_of(CHECK_EVERY);
         self.run(step)
-            .and_then(|()| self.check())
+            .and_then(|()| self.check_with(invariants))
             .map_err(|e| format!("step {}: {step:?}: {e}", self.step))
     }
 
@@ -248,10 +264,19 @@ impl FaultHarness {
     /// No block lost, none handed out twice, the device holds exactly the allocator's segments,
     /// and the allocator's own invariants hold.
     pub fn check(&self) -> Result<(), String> {
-        self.side
-            .check_invariants()
-            .map_err(|e| format!("allocator invariant: {e}"))?;
-        let layout = self.observe()?.layout;
+        self.check_with(true)
+    }
+
+    /// [`FaultHarness::check`], the allocator's own invariant checks (most of the time a check
+    /// takes) only when `invariants`.
+    fn check_with(&self, invariants: bool) -> Result<(), String> {
+        // The layout and the device's bytes alone: the statistics are not checked here.
+        let layout = self.side.layout();
+        if invariants {
+            self.side
+                .check_invariants_on(&layout)
+                .map_err(|e| format!("allocator invariant: {e}"))?;
+        }
         let mut allocated: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
         let mut end = 0u64;
         for s in &layout {
@@ -314,7 +339,7 @@ impl FaultHarness {
                 "device allocations {device:x?} differ from the allocator's segments {held:x?}"
             ));
         }
-        let used = self.observe()?.device_used;
+        let used = self.side.device_used();
         let reserved = self.side.reserved_bytes();
         if used as i64 != reserved {
             return Err(format!(
@@ -397,6 +422,8 @@ pub fn device_faults(data: &[u8]) -> Result<(), String> {
     for step in &steps {
         h.apply(step).map_err(describe)?;
     }
+    h.check()
+        .map_err(|e| describe(format!("after the last step: {e}")))?;
     h.recover().map_err(describe)
 }
 

@@ -527,7 +527,8 @@ impl Model {
     /// the base), never adjacent, and carry nothing; free mapped blocks are never adjacent;
     /// each mapped block's fields agree with its state.
     pub(crate) fn check_range(&self, range: &Segment) -> Result<(), String> {
-        let name = format!("range {:#x}", range.address);
+        // Names built only when a message prints them (this check runs after every operation).
+        let name = std::fmt::from_fn(|f| write!(f, "range {:#x}", range.address));
         let page = self.page_size(range.pool);
         if Some(range.size) != range_size(page, self.device.capacity()) {
             return Err(format!(
@@ -537,7 +538,7 @@ impl Model {
         }
         let mut expected_address = range.address;
         for (i, block) in range.blocks.iter().enumerate() {
-            let here = format!("{name}, block {:#x}", block.address);
+            let here = std::fmt::from_fn(|f| write!(f, "{name}, block {:#x}", block.address));
             if block.address != expected_address {
                 return Err(format!(
                     "{here}: expected at {expected_address:#x} (gap or overlap)"

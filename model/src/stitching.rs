@@ -569,7 +569,9 @@ impl Model {
         let mut expected_pieces: Vec<(u64, u64)> = Vec::new();
         let mut held_by_views: u64 = 0;
         for (i, view) in self.views.iter().enumerate() {
-            let name = format!("view {} at {:#x}", view.number, view.address);
+            // Built only when a message prints it (this check runs after every operation).
+            let name =
+                std::fmt::from_fn(|f| write!(f, "view {} at {:#x}", view.number, view.address));
             if i > 0 && self.views[i - 1].number >= view.number {
                 return fault(format!("{name}: out of the order made"));
             }

@@ -294,6 +294,28 @@ impl CoreSide {
             .collect()
     }
 
+    /// The layout alone (what [`Side::observe`] reports of it), without the statistics.
+    pub fn layout(&self) -> Vec<SegmentView> {
+        layout(self.core.segments())
+    }
+
+    /// Bytes the device has handed out (what [`Side::observe`] reports as `device_used`).
+    pub fn device_used(&self) -> u64 {
+        self.core.backend().used()
+    }
+
+    /// [`Side::check_invariants`] given the layout as [`CoreSide::layout`] reports it now (so
+    /// that a caller holding it does not make it twice): the core's own checks, and rules 22i
+    /// and 23i's on the device's page table.
+    pub fn check_invariants_on(&self, layout: &[SegmentView]) -> Result<(), String> {
+        self.core.check_invariants().map_err(|e| e.to_string())?;
+        disjoint_bytes_under_live_allocations(
+            layout,
+            &self.core.view_allocations(),
+            self.core.backend(),
+        )
+    }
+
     /// Reserved bytes by the core's statistics.
     pub fn reserved_bytes(&self) -> i64 {
         self.core.stats().reserved_bytes.all.current
@@ -370,12 +392,7 @@ impl Side for CoreSide {
     }
 
     fn check_invariants(&self) -> Result<(), String> {
-        self.core.check_invariants().map_err(|e| e.to_string())?;
-        disjoint_bytes_under_live_allocations(
-            &self.core.segments(),
-            &self.core.view_allocations(),
-            self.core.backend(),
-        )
+        self.check_invariants_on(&self.layout())
     }
 }
 
@@ -387,7 +404,7 @@ impl Side for CoreSide {
 /// a page whose other bytes are under another live block. (Held pieces, rule 23b, are the
 /// homes of a view allocation's bytes, not allocations of their own.)
 pub(super) fn disjoint_bytes_under_live_allocations(
-    segments: &[SegmentInfo],
+    segments: &[SegmentView],
     views: &[(u64, u64, BlockPhase)],
     device: &SimDevice,
 ) -> Result<(), String> {
@@ -396,7 +413,7 @@ pub(super) fn disjoint_bytes_under_live_allocations(
         live.extend(
             s.blocks
                 .iter()
-                .filter(|b| matches!(b.state, BlockPhase::Allocated | BlockPhase::Pending))
+                .filter(|b| matches!(b.kind, BlockKind::Allocated | BlockKind::Pending))
                 .map(|b| (b.address, b.size)),
         );
     }
@@ -576,7 +593,7 @@ mod tests {
         assert_eq!(small, b + MIB, "the rest of the view's last page");
         let views = core.view_allocations();
         assert_eq!(views.len(), 1);
-        let segments = core.segments();
+        let segments = layout(core.segments());
         disjoint_bytes_under_live_allocations(&segments, &views, core.backend()).unwrap();
         // A view allocation one byte-range too long would overlap the block beside its piece.
         let mut wrong = views.clone();

@@ -252,8 +252,81 @@ pub struct SegmentView {
 }
 
 /// Every statistic, flattened: `(field, value)` in serialisation order, with markers around
-/// each nested struct (see [`flatten_stats`]).
-pub type FlatStats = Vec<(&'static str, i128)>;
+/// each nested struct (see [`flatten_stats`]). The names and the numbers are kept apart, the
+/// names as one list shared by every flattening of the same type (interned: the same strings
+/// in the same order are the same list), so that comparing two of them is comparing two lists
+/// of numbers and, once per pair of name lists, the names.
+#[derive(Clone, Debug)]
+pub struct FlatStats {
+    names: &'static [&'static str],
+    values: Vec<i128>,
+}
+
+impl FlatStats {
+    /// Statistics from `(field, value)` pairs, in order.
+    pub fn from_pairs(pairs: &[(&'static str, i128)]) -> FlatStats {
+        let keys: Vec<NameKey> = pairs.iter().map(|p| name_key(p.0)).collect();
+        FlatStats {
+            names: intern(&keys, || pairs.iter().map(|p| p.0).collect()),
+            values: pairs.iter().map(|p| p.1).collect(),
+        }
+    }
+
+    /// The `(field, value)` pairs, in serialisation order.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, i128)> + '_ {
+        self.names.iter().copied().zip(self.values.iter().copied())
+    }
+
+    /// How many pairs (markers included).
+    pub fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+}
+
+/// Equal numbers under equal names, in the same order: [`same_stats`].
+impl PartialEq for FlatStats {
+    fn eq(&self, other: &FlatStats) -> bool {
+        same_stats(self, other)
+    }
+}
+
+/// A field name by its address and length: equal keys are the very same string (the names of a
+/// type's `Serialize` impl are the same `&'static str`s every time), and a list of keys
+/// compares as one block of memory.
+type NameKey = [usize; 2];
+
+fn name_key(name: &'static str) -> NameKey {
+    [name.as_ptr() as usize, name.len()]
+}
+
+/// The one shared copy of the list of field names whose keys are `keys`: the list interned
+/// before, or `names()` interned now. Lists are never freed (there is one per type flattened,
+/// and one per list a test makes up).
+fn intern(keys: &[NameKey], names: impl FnOnce() -> Vec<&'static str>) -> &'static [&'static str] {
+    type Interned = (Vec<NameKey>, &'static [&'static str]);
+    thread_local! {
+        static INTERNED: std::cell::RefCell<Vec<Interned>> =
+            const { std::cell::RefCell::new(Vec::new()) };
+    }
+    INTERNED.with_borrow_mut(|lists| {
+        if let Some((_, l)) = lists.iter().find(|(k, _)| k[..] == *keys) {
+            return *l;
+        }
+        let names = names();
+        assert!(
+            names.iter().map(|n| name_key(n)).eq(keys.iter().copied()),
+            "the names walked twice differ"
+        );
+        let l: &'static [&'static str] = Box::leak(names.into_boxed_slice());
+        lists.push((keys.to_vec(), l));
+        l
+    })
+}
 
 /// Everything a user can observe of a side, in a form both sides share.
 #[derive(Clone, Debug, PartialEq)]
@@ -308,7 +381,7 @@ pub fn compare_observations(
     (an, a): (&str, &Observation),
     (bn, b): (&str, &Observation),
 ) -> Result<(), String> {
-    if a.stats != b.stats {
+    if !same_stats(&a.stats, &b.stats) {
         return Err(format!(
             "statistics differ ({an} vs {bn}): {}",
             diff_stats(&a.stats, &b.stats).join("; ")
@@ -341,10 +414,57 @@ pub fn compare_observations(
     Ok(())
 }
 
+/// Whether two flattened statistics are equal: the same numbers under the same field names,
+/// in the same order. The numbers are compared as two lists; the names as two interned lists
+/// ([`FlatStats`]): the same list, or two found equal text for text once before (such pairs
+/// are remembered), or compared text for text now.
+pub fn same_stats(a: &FlatStats, b: &FlatStats) -> bool {
+    type Key = (usize, usize, usize, usize);
+    thread_local! {
+        static SAME_NAMES: std::cell::RefCell<Vec<Key>> =
+            const { std::cell::RefCell::new(Vec::new()) };
+    }
+    if a.values != b.values {
+        return false;
+    }
+    if std::ptr::eq(a.names, b.names) {
+        return true;
+    }
+    // Interned lists are never freed, so their addresses name them for good.
+    let key = (
+        a.names.as_ptr() as usize,
+        a.names.len(),
+        b.names.as_ptr() as usize,
+        b.names.len(),
+    );
+    SAME_NAMES.with_borrow_mut(|known| {
+        if known.contains(&key) {
+            return true;
+        }
+        if a.names != b.names {
+            return false;
+        }
+        known.push(key);
+        true
+    })
+}
+
 /// Statistics flattened through their `Serialize` impl (both crates' `Stats` serialise to the
 /// same field names), or an error when they hold anything but structs of integers.
 pub fn flatten_stats<T: serde::Serialize>(stats: &T) -> Result<FlatStats, String> {
-    flat::numbers(stats).ok_or_else(|| "statistics are not structs of integers".to_string())
+    let unsupported = || "statistics are not structs of integers".to_string();
+    // The names as keys (a list interned before is found by one comparison of memory); walked
+    // a second time for their text only when the list is new.
+    let (mut keys, mut values) = (Vec::with_capacity(256), Vec::with_capacity(256));
+    flat::visit(stats, &mut |name, v| {
+        keys.push(name_key(name));
+        values.push(v);
+    })
+    .ok_or_else(unsupported)?;
+    let names = intern(&keys, || {
+        flat::numbers(stats).map(|n| n.0).unwrap_or_default()
+    });
+    Ok(FlatStats { names, values })
 }
 
 /// Every number of flattened statistics with its dotted path (`reserved_bytes.all.current`),
@@ -352,7 +472,7 @@ pub fn flatten_stats<T: serde::Serialize>(stats: &T) -> Result<FlatStats, String
 pub fn stat_paths(s: &FlatStats) -> Vec<(String, i128)> {
     let mut stack: Vec<&str> = Vec::new();
     let mut out = Vec::new();
-    for &(field, v) in s {
+    for (field, v) in s.iter() {
         match v {
             flat::OPEN => stack.push(field),
             flat::CLOSE => {
@@ -413,16 +533,24 @@ mod flat {
     pub const OPEN: i128 = i128::MIN;
     pub const CLOSE: i128 = i128::MAX;
 
-    /// The value's fields and integers in order, or `None` if it holds anything else.
-    pub fn numbers<T: Serialize + ?Sized>(value: &T) -> Option<Vec<(&'static str, i128)>> {
-        let mut out = Vec::with_capacity(256);
-        value
-            .serialize(Flat {
-                out: &mut out,
-                field: "",
-            })
-            .ok()?;
+    /// The value's fields and integers in order (the names, the numbers), or `None` if it
+    /// holds anything else.
+    pub fn numbers<T: Serialize + ?Sized>(value: &T) -> Option<(Vec<&'static str>, Vec<i128>)> {
+        let mut out = (Vec::with_capacity(256), Vec::with_capacity(256));
+        visit(value, &mut |name, v| {
+            out.0.push(name);
+            out.1.push(v);
+        })?;
         Some(out)
+    }
+
+    /// Gives `sink` the value's fields and integers in order, or `None` (part way) if it holds
+    /// anything else.
+    pub fn visit<T: Serialize + ?Sized>(
+        value: &T,
+        sink: &mut impl FnMut(&'static str, i128),
+    ) -> Option<()> {
+        value.serialize(Flat { sink, field: "" }).ok()
     }
 
     #[derive(Debug)]
@@ -442,14 +570,14 @@ mod flat {
         }
     }
 
-    struct Flat<'a> {
-        out: &'a mut Vec<(&'static str, i128)>,
+    struct Flat<'a, F> {
+        sink: &'a mut F,
         field: &'static str,
     }
 
-    impl Flat<'_> {
+    impl<F: FnMut(&'static str, i128)> Flat<'_, F> {
         fn push(self, v: i128) -> Result<(), Unsupported> {
-            self.out.push((self.field, v));
+            (self.sink)(self.field, v);
             Ok(())
         }
     }
@@ -460,7 +588,7 @@ mod flat {
         };
     }
 
-    impl<'a> Serializer for Flat<'a> {
+    impl<'a, F: FnMut(&'static str, i128)> Serializer for Flat<'a, F> {
         type Ok = ();
         type Error = Unsupported;
         type SerializeSeq = Impossible<(), Unsupported>;
@@ -496,7 +624,7 @@ mod flat {
             self.push(v.into())
         }
         fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self, Unsupported> {
-            self.out.push((self.field, OPEN));
+            (self.sink)(self.field, OPEN);
             Ok(self)
         }
         fn serialize_some<T: Serialize + ?Sized>(self, _: &T) -> Result<(), Unsupported> {
@@ -538,7 +666,7 @@ mod flat {
         }
     }
 
-    impl SerializeStruct for Flat<'_> {
+    impl<F: FnMut(&'static str, i128)> SerializeStruct for Flat<'_, F> {
         type Ok = ();
         type Error = Unsupported;
 
@@ -548,7 +676,7 @@ mod flat {
             value: &T,
         ) -> Result<(), Unsupported> {
             value.serialize(Flat {
-                out: &mut *self.out,
+                sink: &mut *self.sink,
                 field: key,
             })
         }
@@ -597,6 +725,45 @@ mod tests {
         };
         assert_ne!(flat::numbers(&v(1, 3)), flat::numbers(&r));
         assert_eq!(flat::numbers("text"), None);
+    }
+
+    #[test]
+    fn same_stats_is_equality() {
+        let (a, b) = (
+            flatten_stats(&v(1, 3)).unwrap(),
+            flatten_stats(&v(1, 3)).unwrap(),
+        );
+        assert!(same_stats(&a, &b));
+        // Now known by pointers: a change of value or of name is still seen.
+        assert!(!same_stats(&a, &flatten_stats(&v(1, 4)).unwrap()));
+        let r = flatten_stats(&Renamed {
+            x: Inner { a: 1, b: 2 },
+            z: 3,
+        })
+        .unwrap();
+        assert!(!same_stats(&a, &r));
+        assert!(!same_stats(&r, &a));
+        // Equal text under other pointers (owned strings leaked): equal, and remembered.
+        let leak = |s: &FlatStats| -> FlatStats {
+            let pairs: Vec<(&'static str, i128)> = s
+                .iter()
+                .map(|(n, v)| (&*Box::leak(n.to_string().into_boxed_str()), v))
+                .collect();
+            FlatStats::from_pairs(&pairs)
+        };
+        let (la, lr) = (leak(&a), leak(&r));
+        assert!(same_stats(&a, &la) && same_stats(&la, &a) && same_stats(&a, &la));
+        assert!(!same_stats(&la, &lr));
+        let mut pairs: Vec<(&'static str, i128)> = la.iter().collect();
+        pairs[1].0 = "b";
+        let renamed = FlatStats::from_pairs(&pairs);
+        assert!(!same_stats(&a, &renamed));
+        assert!(!same_stats(&a, &FlatStats::from_pairs(&pairs[1..])));
+        assert!(same_stats(&renamed, &FlatStats::from_pairs(&pairs)));
+        let pairs = |s: &FlatStats| s.iter().collect::<Vec<_>>();
+        for (x, y) in [(&a, &b), (&a, &r), (&la, &lr), (&a, &renamed), (&la, &a)] {
+            assert_eq!(same_stats(x, y), pairs(x) == pairs(y));
+        }
     }
 
     #[test]

@@ -186,7 +186,7 @@ impl Side for ThreadedSide {
 
     fn check_invariants(&self) -> Result<(), String> {
         self.alloc.check_invariants().map_err(|e| e.to_string())?;
-        let segments = self.alloc.segments();
+        let segments = layout(self.alloc.segments());
         let views = self.alloc.view_allocations();
         self.alloc
             .with_backend(|d| disjoint_bytes_under_live_allocations(&segments, &views, d))
