@@ -7,7 +7,7 @@
 //! `differential_threads.rs` (the knob tables draw it with expandable segments and a headroom).
 
 use cachalot_harness::driver::run_scenario_observed;
-use cachalot_harness::op::Op;
+use cachalot_harness::op::{ADOPT_REGION, AdoptBlockSpec, AdoptSpec, Op};
 use cachalot_harness::scenario::{Knobs, Scenario};
 use cachalot_harness::side::Observation;
 
@@ -117,4 +117,78 @@ fn empty_cache_unmaps_lent_blocks_and_gives_every_page_back_alike() {
         stat(&o, "num_device_free") >= 2,
         "the lent block and the pages"
     );
+}
+
+/// A block of an adopted range: `state` 0 free, 1 allocated (all of it requested), 3 unmapped.
+fn adopted(size: u64, state: u8) -> AdoptBlockSpec {
+    AdoptBlockSpec {
+        size,
+        state,
+        requested: if state == 1 { size } else { 0 },
+        streams: vec![],
+    }
+}
+
+#[test]
+fn borrowing_passes_over_free_blocks_holding_homes_of_the_runs_lent_pages_alike() {
+    // Found by the device_faults fuzz target (fuzz/regressions/device_faults/
+    // alias_adopted_range*): the allocator borrowed from such a block and then asked the
+    // device to alias over mapped slots. Offsets in MiB from the range's address, 2 MiB pages.
+    // Adopted: [0, 20) unmapped, [20, 32) free, [32, 34) allocated, [34, 36) free, [36, 39)
+    // allocated, [39, 40) free, and the same again from 40 (the 3 MiB and 1 MiB blocks leave
+    // the slot [38, 40) half busy).
+    let half = [(20, 3), (12, 0), (2, 1), (2, 0), (3, 1), (1, 0)];
+    let blocks = half
+        .iter()
+        .chain(half.iter())
+        .map(|&(mib, state)| adopted(mib * MIB, state))
+        .collect();
+    let range = AdoptSpec {
+        address: ADOPT_REGION,
+        size: 0,
+        stream: 0,
+        small: false,
+        blocks,
+    };
+    let o = run(
+        Knobs {
+            max_split_size: 20 * MIB,
+            max_non_split_rounding_size: 40 * MIB,
+            capacity: 96 * MIB,
+            ..knobs(0.25)
+        },
+        vec![
+            Op::AdoptRange { range },
+            // [20, 36) becomes one free block.
+            free(0),
+            // 20 MiB at 0, over the limit: 8 pages borrowed from [20, 36), 2 from [60, 64)
+            // (lent blocks there, their pages' homes at [0, 16) and [16, 20)).
+            malloc(20 * MIB),
+            free(3),
+            // 24 MiB: the growth starts at the free [39, 40) and runs over the unmapped [40,
+            // 60) and the lent [60, 64), whose pages' homes lie in the free [0, 20): that block
+            // is passed over (borrowing it would move those homes into the run); the pages come
+            // from [64, 72) and [74, 76), the rest is new.
+            malloc(24 * MIB),
+        ],
+    );
+    let free_blocks: Vec<(u64, u64)> = o
+        .layout
+        .iter()
+        .flat_map(|s| s.blocks.iter())
+        .filter(|b| b.kind == cachalot_harness::side::BlockKind::Free)
+        .map(|b| ((b.address - ADOPT_REGION) / MIB, b.size / MIB))
+        .collect();
+    assert!(
+        free_blocks.contains(&(0, 16)),
+        "the lender of the run's lent pages keeps its pages: {free_blocks:?}"
+    );
+    let allocated: Vec<(u64, u64)> = o
+        .layout
+        .iter()
+        .flat_map(|s| s.blocks.iter())
+        .filter(|b| b.kind == cachalot_harness::side::BlockKind::Allocated)
+        .map(|b| ((b.address - ADOPT_REGION) / MIB, b.size / MIB))
+        .collect();
+    assert!(allocated.contains(&(39, 24)), "{allocated:?}");
 }

@@ -303,6 +303,44 @@ impl<B: Backend> CachingCore<B> {
         distinct(&mut pages)
     }
 
+    /// Rule 22f: the home slots of the pages that lent slots of the growth's run `[run.0,
+    /// run.1)` map, found from the run's block `id` (the blocks before it and after it that
+    /// lie in the run).
+    fn run_homes(&self, id: BlockId, run: (u64, u64)) -> Vec<u64> {
+        let Some(t) = &self.pages else {
+            return Vec::new();
+        };
+        let mut first = id;
+        while let Some(p) = self.blocks.get(first).prev {
+            if self.blocks.get(p).address < run.0 {
+                break;
+            }
+            first = p;
+        }
+        let mut homes = Vec::new();
+        let mut cur = Some(first);
+        while let Some(c) = cur {
+            let b = self.blocks.get(c);
+            if b.address >= run.1 {
+                break;
+            }
+            if b.backing == Backing::Lent {
+                let base = b.range.expect("a block of a range");
+                let page = t.ranges[&base].page;
+                for slot in (b.address..b.address + b.size).step_by(page as usize) {
+                    let id = t.page_at(base, slot);
+                    homes.push(
+                        t.pages[id as usize]
+                            .expect("rule 22a: a lent slot's page exists")
+                            .home,
+                    );
+                }
+            }
+            cur = b.next;
+        }
+        homes
+    }
+
     /// Rule 22e: a map step on the lent block `id`: re-homes the slots covering its first `n`
     /// bytes; the new free block merges with free mapped neighbours and enters the free set.
     /// Returns it.
@@ -522,10 +560,17 @@ impl<B: Backend> CachingCore<B> {
         }
         let want = (bytes / page).min(over.div_ceil(page));
         // The candidates: free mapped blocks of the pool's ranges of the stream with a whole
-        // page, outside the run, listed once: most whole-page bytes first, then by address.
+        // page, outside the run and holding no home of a page a lent slot of the run maps
+        // (borrowing it would move that home into the run), listed once: most whole-page
+        // bytes first, then by address.
+        let homes = self.run_homes(id, run);
         let mut listed: Vec<(u64, u64, u64, BlockId)> = self.free[pool.index()]
             .at_least(stream, page)
             .filter(|k| !(run.0..run.1).contains(&k.2))
+            .filter(|k| {
+                let end = k.2 + k.1;
+                !homes.iter().any(|&h| h < end && k.2 < h + page)
+            })
             .filter_map(|k| {
                 let (first, end) = self.whole_pages(k.3)?;
                 Some((end - first, k.2, first, k.3))
