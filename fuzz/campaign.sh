@@ -14,6 +14,11 @@
 #              --no-trace-compares, in fuzz/target/no-trace-compares/; default: the two allocator
 #              targets, whose comparisons are mostly the checks' own and cost them 2-2.5x their
 #              speed; see fuzz/README.md, "Speed"); '' traces every target's comparisons
+#   JOBS_<target>  that target's process count instead of JOBS (e.g. JOBS_differential=40)
+#   CONCURRENT=1  every target at the same time (each with its own processes) instead of one
+#              after the other: for a many-core host
+#   PREBUILT=DIR  no build (and no cargo needed): the four target binaries are in DIR, built
+#              before with this script's flags (for a host without Rust: see fuzz/README.md)
 #
 # Route (see fuzz/README.md): cargo-fuzz (installed here if missing) on the stable toolchain
 # with RUSTC_BOOTSTRAP=1, which cargo-fuzz needs for its -Z flags; no nightly required.
@@ -31,31 +36,38 @@ TARGETS=${TARGETS:-"settings_parser snapshot_reader device_faults differential"}
 SANITIZER=${SANITIZER:-none}
 NO_TRACE_COMPARES=${NO_TRACE_COMPARES-"differential device_faults"}
 
+# A relative PREBUILT is read from where the script was started.
+if [[ -n ${PREBUILT:-} ]]; then PREBUILT=$(cd "$PREBUILT" && pwd); fi
 FUZZ=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(dirname "$FUZZ")
 cd "$FUZZ"
 
-export RUSTC_BOOTSTRAP=1
-if ! cargo fuzz --version >/dev/null 2>&1; then
-    echo "== installing cargo-fuzz"
-    cargo install cargo-fuzz --locked
-fi
-
-echo "== building (sanitizer: $SANITIZER)"
-cargo fuzz build -s "$SANITIZER"
-BIN="$FUZZ/target/x86_64-unknown-linux-gnu/release"
 NO_TC_DIR="$FUZZ/target/no-trace-compares"
 untraced() { [[ " $NO_TRACE_COMPARES " == *" $1 "* ]]; }
-for t in $TARGETS; do
-    if untraced "$t"; then
-        echo "== building $t without comparison tracing"
-        cargo fuzz build -s "$SANITIZER" --no-trace-compares --target-dir "$NO_TC_DIR" "$t"
+if [[ -n ${PREBUILT:-} ]]; then
+    echo "== prebuilt binaries in $PREBUILT (no build)"
+    bin_dir() { echo "$PREBUILT"; }
+else
+    export RUSTC_BOOTSTRAP=1
+    if ! cargo fuzz --version >/dev/null 2>&1; then
+        echo "== installing cargo-fuzz"
+        cargo install cargo-fuzz --locked
     fi
-done
-# The binary a target runs.
-bin_dir() {
-    if untraced "$1"; then echo "$NO_TC_DIR/x86_64-unknown-linux-gnu/release"; else echo "$BIN"; fi
-}
+
+    echo "== building (sanitizer: $SANITIZER)"
+    cargo fuzz build -s "$SANITIZER"
+    BIN="$FUZZ/target/x86_64-unknown-linux-gnu/release"
+    for t in $TARGETS; do
+        if untraced "$t"; then
+            echo "== building $t without comparison tracing"
+            cargo fuzz build -s "$SANITIZER" --no-trace-compares --target-dir "$NO_TC_DIR" "$t"
+        fi
+    done
+    # The binary a target runs.
+    bin_dir() {
+        if untraced "$1"; then echo "$NO_TC_DIR/x86_64-unknown-linux-gnu/release"; else echo "$BIN"; fi
+    }
+fi
 
 # Per-target libFuzzer flags.
 target_flags() {
@@ -69,9 +81,13 @@ target_flags() {
     esac
 }
 
-crashed=0
-summary=()
-for t in $TARGETS; do
+# One target's campaign: its summary line goes to fuzz/logs/<target>/summary.txt; returns 1
+# when it crashed.
+run_target() {
+    local t=$1 bin corpus artifacts logs extra fixtures before start elapsed execs rss files
+    local bytes rate line new crashed=0
+    local jobs_var="JOBS_$t"
+    local jobs=${!jobs_var:-$JOBS}
     bin=$(bin_dir "$t")
     [[ -x $bin/$t ]] || { echo "unknown target $t" >&2; exit 2; }
     corpus=$FUZZ/corpus/$t
@@ -88,11 +104,11 @@ for t in $TARGETS; do
         extra=("$fixtures")
     fi
     before=$(ls "$artifacts" | wc -l)
-    echo "== $t: $SECONDS_PER_TARGET s, $JOBS job(s)"
+    echo "== $t: $SECONDS_PER_TARGET s, $jobs job(s)"
     start=$(date +%s)
     # -jobs/-workers: JOBS processes, each fuzzing for the whole time and sharing the corpus.
     (cd "$logs" && "$bin/$t" "$corpus" "$FUZZ/seeds/$t" "${extra[@]}" \
-        -max_total_time="$SECONDS_PER_TARGET" -jobs="$JOBS" -workers="$JOBS" \
+        -max_total_time="$SECONDS_PER_TARGET" -jobs="$jobs" -workers="$jobs" \
         -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
         -artifact_prefix="$artifacts/" $(target_flags "$t") ${FUZZ_ARGS:-} \
         >"$logs/driver.log" 2>&1) || true
@@ -116,11 +132,30 @@ for t in $TARGETS; do
             echo "!! keep it:    cp $artifacts/$a $FUZZ/regressions/$t/  (then cargo test -p cachalot-harness --test fuzz_corpus)"
         done
     fi
-    summary+=("$line")
+    echo "$line" > "$logs/summary.txt"
+    return $crashed
+}
+
+crashed=0
+summary=()
+if [[ ${CONCURRENT:-} == 1 ]]; then
+    mkdir -p "$FUZZ/logs"
+    pids=()
+    for t in $TARGETS; do
+        run_target "$t" > "$FUZZ/logs/$t.out" 2>&1 &
+        pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p" || crashed=1; done
+    for t in $TARGETS; do cat "$FUZZ/logs/$t.out"; done
+else
+    for t in $TARGETS; do run_target "$t" || crashed=1; done
+fi
+for t in $TARGETS; do
+    summary+=("$(cat "$FUZZ/logs/$t/summary.txt" 2>/dev/null || echo "$t: did not run")")
 done
 
 echo
-echo "== summary ($SECONDS_PER_TARGET s per target, $JOBS job(s))"
+echo "== summary ($SECONDS_PER_TARGET s per target)"
 printf '%s\n' "${summary[@]}"
 if (( crashed )); then
     echo "== crash found"
