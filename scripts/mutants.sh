@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Mutation testing of the policy core and of the model (issue: prove the tests bite).
+#
+#   scripts/mutants.sh allocator|model [SHARD] [OUT]
+#
+#   SHARD  k/n: every n-th mutant from the k-th (round-robin over cargo-mutants' list, which is
+#          sorted by file and line, so a sample spreads over every file); default: all of them
+#   OUT    folder for the results (default results/mutants-$(date +%F)/<crate>)
+#   MUTANTS_TIMEOUT  seconds one mutant's tests may run (default 300)
+#
+# What is mutated (.cargo/mutants.toml excludes the rest): for `allocator`, the policy core
+# (allocator/src/policy/**: segments, expandable ranges, reclaim, adoption, aliasing, views),
+# sizes, statistics, the free set, blocks, settings and their parser, the front end and the
+# thread caches; not the CUDA and FFI layers, the simulated device, snapshots or history.
+# For `model`, the whole of cachalot-model.
+#
+# What is run for each mutant: the tests of the mutated crate and of cachalot-harness (the
+# differential property tests, the named scenarios, the fuzz regressions, the replay of every
+# fixture), without doc tests. Pinned: PROPTEST_RNG_SEED (the property tests draw the same
+# cases on every run) and the tests' own case counts; PROPTEST_MAX_SHRINK_TIME stops shrinking a
+# failure at once (a mutant is caught by the first failure, its minimal case is not needed).
+#
+# cargo-mutants 27.1 builds its baseline with the mutated package's tests only, whatever
+# --test-package says (the mutants themselves do run the harness: see each mutant's log in
+# mutants.out/log/), so its automatic timeout would be measured on the wrong tests: the
+# baseline is skipped and the timeouts are given.
+set -euo pipefail
+crate=${1:?usage: scripts/mutants.sh allocator|model [SHARD] [OUT]}
+shard=${2:-}
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${3:-$root/results/mutants-$(date +%F)/$crate}
+case $crate in
+    allocator) pkg=cachalot ;;
+    model) pkg=cachalot-model ;;
+    *) echo "unknown crate $crate (allocator or model)" >&2; exit 2 ;;
+esac
+command -v cargo-mutants >/dev/null || cargo install cargo-mutants --locked --version 27.1.0
+args=(--package "$pkg" --test-package "$pkg,cachalot-harness" --cargo-test-arg=--tests
+      --baseline skip --timeout "${MUTANTS_TIMEOUT:-300}" --build-timeout 900 --no-shuffle)
+if [[ -n $shard ]]; then args+=(--shard "$shard" --sharding round-robin); fi
+mkdir -p "$out"
+export PROPTEST_RNG_SEED=${PROPTEST_RNG_SEED:-20261203} PROPTEST_MAX_SHRINK_TIME=1
+start=$(date +%s)
+cd "$root"
+rc=0
+cargo mutants "${args[@]}" --output "$out" || rc=$?
+elapsed=$(( $(date +%s) - start ))
+m=$out/mutants.out
+count() { [[ -f $m/$1 ]] && wc -l < "$m/$1" || echo 0; }
+caught=$(count caught.txt) missed=$(count missed.txt) timeout=$(count timeout.txt) unviable=$(count unviable.txt)
+viable=$(( caught + missed + timeout ))
+{
+    echo "crate: $pkg   shard: ${shard:-all}   date: $(date -u +%FT%TZ)   commit: $(git rev-parse --short HEAD)"
+    echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+    echo "run time: ${elapsed} s   cargo-mutants exit: $rc"
+    echo "caught $caught, timeout $timeout, missed $missed, unviable $unviable"
+    if (( viable > 0 )); then
+        echo "score (caught + timeout) / viable: $(( (caught + timeout) * 1000 / viable / 10 )).$(( (caught + timeout) * 1000 / viable % 10 )) %"
+    fi
+} | tee "$out/summary.txt"
