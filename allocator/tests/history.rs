@@ -12,12 +12,21 @@ fn record_history_some_positive_records_and_zero_or_none_stops() {
     let p = alloc.malloc(4096, StreamId(0)).unwrap();
     alloc.free(p).unwrap();
     let recorded = alloc.history().len();
-    assert!(recorded >= 2, "a malloc and a free while recording left {recorded} entries");
+    assert!(
+        recorded >= 2,
+        "a malloc and a free while recording left {recorded} entries"
+    );
     alloc.record_history(Some(0));
-    assert!(alloc.history().is_empty(), "Some(0) must stop recording and clear the history");
+    assert!(
+        alloc.history().is_empty(),
+        "Some(0) must stop recording and clear the history"
+    );
     let q = alloc.malloc(4096, StreamId(0)).unwrap();
     alloc.free(q).unwrap();
-    assert!(alloc.history().is_empty(), "nothing is recorded after Some(0)");
+    assert!(
+        alloc.history().is_empty(),
+        "nothing is recorded after Some(0)"
+    );
     alloc.record_history(Some(10));
     alloc.record_history(None);
     assert!(alloc.history().is_empty());
