@@ -94,7 +94,7 @@ run_target() {
     artifacts=$FUZZ/artifacts/$t
     logs=$FUZZ/logs/$t
     mkdir -p "$corpus" "$artifacts" "$logs"
-    rm -f "$logs"/fuzz-*.log
+    rm -f "$logs"/fuzz-*.log "$logs/summary.txt"
     extra=()
     if [[ $t == snapshot_reader ]]; then
         # The recorded snapshots small enough for -max_len, beside the committed seeds.
