@@ -304,15 +304,17 @@ impl<B: Backend> CachingCore<B> {
     }
 
     /// Rule 22f: the home slots of the pages that lent slots of the growth's run `[run.0,
-    /// run.1)` map, found from the run's block `id` (the blocks before it and after it that
-    /// lie in the run).
+    /// run.1)` map, found from the run's block `id` (the blocks before and after it that
+    /// overlap the run, only their slots inside it).
     fn run_homes(&self, id: BlockId, run: (u64, u64)) -> Vec<u64> {
         let Some(t) = &self.pages else {
             return Vec::new();
         };
+        // From the first block overlapping the run.
         let mut first = id;
         while let Some(p) = self.blocks.get(first).prev {
-            if self.blocks.get(p).address < run.0 {
+            let b = self.blocks.get(p);
+            if b.address + b.size <= run.0 {
                 break;
             }
             first = p;
@@ -327,7 +329,12 @@ impl<B: Backend> CachingCore<B> {
             if b.backing == Backing::Lent {
                 let base = b.range.expect("a block of a range");
                 let page = t.ranges[&base].page;
-                for slot in (b.address..b.address + b.size).step_by(page as usize) {
+                // Only the slots inside the run: a lent block that carving merged with lent
+                // slots past the run's end (or before its start) reaches beyond it, and the
+                // homes of those slots do not bar a lender (rule 22f; the fuzz finding of
+                // 2026-12-03, fuzz/regressions/differential/aliasing_reserved_12mib).
+                let (from, to) = (b.address.max(run.0), (b.address + b.size).min(run.1));
+                for slot in (from..to).step_by(page as usize) {
                     let id = t.page_at(base, slot);
                     homes.push(
                         t.pages[id as usize]
