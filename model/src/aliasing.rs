@@ -30,7 +30,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::device::overlaps;
 use crate::expandable::whole_pages;
 use crate::rules::Pool;
-use crate::state::{self, Block, BlockState};
+use crate::state::{self, Block, BlockState, Segment};
 use crate::{InvariantViolation, Model};
 
 /// Rule 22a: one physical page of a range, as the model sees it.
@@ -405,7 +405,7 @@ impl Model {
     /// the same pages; the pages under live blocks are pairwise distinct on the device.
     pub(crate) fn check_pages(&self) -> Result<(), InvariantViolation> {
         // Rule 22a: lent blocks are page-aligned, never adjacent, hold nothing.
-        let mut covered = BTreeSet::new();
+        let mut covered = Vec::new();
         for range in self.segments.iter().filter(|r| r.expandable) {
             let page = self.page_size(range.pool);
             for (i, block) in range.blocks.iter().enumerate() {
@@ -445,13 +445,15 @@ impl Model {
                 covered.extend((first..end).map(|i| range.address + i * page));
             }
         }
+        covered.sort_unstable();
+        covered.dedup();
         for &slot in &covered {
             if !self.page_of.contains_key(&slot) {
                 return Err(InvariantViolation::SlotWithoutPage { slot });
             }
         }
         for (&slot, &page) in &self.page_of {
-            if !covered.contains(&slot) {
+            if covered.binary_search(&slot).is_err() {
                 return Err(InvariantViolation::PageOnUnmappedSlot { slot, page });
             }
             let known = self
@@ -484,18 +486,22 @@ impl Model {
     /// Rule 22i for one page: its home lies in mapped blocks; each lent slot lies in a lent
     /// block of a range of the home's pool and stream.
     fn check_page(&self, number: u64, page: &Page) -> Result<(), InvariantViolation> {
-        let home_range = self
-            .range_holding(page.home)
-            .map(|r| &self.segments[r])
+        let home_range = sorted_segment_holding(&self.segments, page.home)
+            .map(|s| &self.segments[s])
+            .filter(|r| r.expandable)
             .ok_or(InvariantViolation::HomeNotMapped {
                 page: number,
                 home: page.home,
             })?;
         let bytes = self.page_size(home_range.pool);
-        let in_mapped = home_range
+        // The blocks tile the range in address order (checked before): those overlapping the
+        // home's page are the run from the first that ends after the home.
+        let first = home_range
             .blocks
+            .partition_point(|b| b.address + b.size <= page.home);
+        let in_mapped = home_range.blocks[first..]
             .iter()
-            .filter(|b| overlaps(b.address, b.size, page.home, bytes))
+            .take_while(|b| overlaps(b.address, b.size, page.home, bytes))
             .all(|b| b.mapped);
         if !in_mapped {
             return Err(InvariantViolation::HomeNotMapped {
@@ -505,8 +511,10 @@ impl Model {
         }
         for &slot in &page.lent {
             let fault = InvariantViolation::LentSlotNotInLentBlock { page: number, slot };
-            let (s, b) = state::block_holding(&self.segments, slot).ok_or(fault.clone())?;
-            let (range, block) = (&self.segments[s], &self.segments[s].blocks[b]);
+            let s = sorted_segment_holding(&self.segments, slot).ok_or(fault.clone())?;
+            let range = &self.segments[s];
+            let b = range.blocks.partition_point(|b| b.address <= slot) - 1;
+            let block = &range.blocks[b];
             if !range.expandable || !block.lent || slot + bytes > block.address + block.size {
                 return Err(fault);
             }
@@ -523,7 +531,10 @@ impl Model {
     fn check_device_pages(&self) -> Result<(), InvariantViolation> {
         let device = self.device.pages();
         // Rule 23a: the view slots mapping each home.
-        let view_slots = self.view_mappings();
+        let mut view_slots: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+        for (home, slot) in self.view_mappings() {
+            view_slots.entry(home).or_default().push(slot);
+        }
         if device.len() != self.pages.len() {
             return Err(InvariantViolation::DevicePageCount {
                 device: device.len(),
@@ -533,12 +544,7 @@ impl Model {
         for page in self.pages.values() {
             let mut slots = page.lent.clone();
             slots.push(page.home);
-            slots.extend(
-                view_slots
-                    .iter()
-                    .filter(|&&(home, _)| home == page.home)
-                    .map(|&(_, slot)| slot),
-            );
+            slots.extend(view_slots.get(&page.home).into_iter().flatten());
             slots.sort_unstable();
             let mut mapped = self
                 .device
@@ -583,3 +589,14 @@ impl Model {
 
 #[cfg(test)]
 mod tests;
+
+/// The segment holding `address`, found by bisection. Only for the invariant checks, which run
+/// it after `check_segments` and the segments' own checks have found the segments sorted and
+/// apart and each one's blocks tiling it in address order; the operations keep their linear
+/// scans ([`state::block_holding`]).
+fn sorted_segment_holding(segments: &[Segment], address: u64) -> Option<usize> {
+    let s = segments
+        .partition_point(|r| r.address <= address)
+        .checked_sub(1)?;
+    (address - segments[s].address < segments[s].size).then_some(s)
+}

@@ -92,9 +92,11 @@ impl Device {
 
     /// The page mapped at the slot starting at `slot`, if any.
     pub(crate) fn page_at(&self, slot: u64) -> Option<u64> {
+        // Reservations never overlap and a slot lies in its own, so one map is asked.
         self.reservations
             .iter()
-            .find_map(|r| r.slots.get(&slot).copied())
+            .find(|r| r.contains(slot, 1))
+            .and_then(|r| r.slots.get(&slot).copied())
     }
 
     /// Bytes of all pages, each counted once however many slots map it.

@@ -601,6 +601,23 @@ fn a_corrupted_range_is_reported() {
     assert!(m.check_invariants().is_err());
 }
 
+#[test]
+fn rule_19_an_allocated_block_of_a_range_holds_no_event() {
+    let mut m = model(1 << 30);
+    let a = malloc(&mut m, 3 * MIB, 0).unwrap();
+    // Corrupt: an event of stream 1 names the allocated block, as if it were pending.
+    m.events.push(crate::state::Event {
+        stream: 1,
+        block: a,
+        complete: false,
+    });
+    let error = m.check_invariants().unwrap_err();
+    assert!(
+        error.to_string().contains("inconsistent Allocated block"),
+        "{error}"
+    );
+}
+
 /// Rule 19j's settings: 2 MiB pages, map steps of at least `threshold` MiB one handle.
 fn handles_model(threshold: u64) -> Model {
     let mut c = config(1 << 30);

@@ -631,6 +631,26 @@ fn the_checker_reports_a_held_piece_no_view_holds() {
     assert!(broken.check_invariants().is_err());
 }
 
+#[test]
+fn rule_23j_a_view_whose_home_lies_in_an_unmapped_block_is_reported() {
+    let mut m = all_free();
+    malloc(&mut m, 4 * MIB);
+    check(&m);
+    // Corrupt: the block under the view's first home is marked unmapped while the device
+    // still maps the page. The range's own check would see it first, so the view check is
+    // asked directly.
+    let home = m.views[0].homes[0];
+    let mut broken = m;
+    let block = broken.segments[0]
+        .blocks
+        .iter_mut()
+        .find(|b| b.address <= home && home < b.address + b.size)
+        .expect("the home's block");
+    block.mapped = false;
+    let error = broken.check_views().unwrap_err();
+    assert!(error.to_string().contains("is not mapped"), "{error}");
+}
+
 // ---- The configuration ----
 
 #[test]
