@@ -627,17 +627,13 @@ impl Report {
             "allocator time", self.ns_per_op
         ));
         if self.repeat > 1 {
-            let later: Vec<String> = self
-                .steady_pass_device_calls
-                .iter()
-                .map(u64::to_string)
-                .collect();
+            let later = run_lengths(&self.steady_pass_device_calls);
             line(format!(
                 "{:<22}{:.0} ns per operation, {} device calls; then {} calls a pass",
                 "first pass",
                 self.first_pass_ns_per_op,
                 self.device_allocs + self.device_frees,
-                later.join(" ")
+                later
             ));
         }
         if let Some(p) = py {
@@ -721,5 +717,34 @@ impl Report {
                 .map(|f| f.cap_bytes as f64 / config.capacity.max(1) as f64),
             device_total_bytes: config.capacity,
         });
+    }
+}
+
+/// Per-pass counts, space-separated, a run of three or more equal counts written once with
+/// its length (`0×999`), so that `--repeat 1000` prints one short line.
+fn run_lengths(values: &[u64]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < values.len() {
+        let n = values[i..].iter().take_while(|&&v| v == values[i]).count();
+        if n >= 3 {
+            out.push(format!("{}×{n}", values[i]));
+        } else {
+            out.extend(std::iter::repeat_n(values[i].to_string(), n));
+        }
+        i += n;
+    }
+    out.join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::run_lengths;
+
+    #[test]
+    fn per_pass_counts_write_runs_of_three_or_more_once_with_their_length() {
+        assert_eq!(run_lengths(&[]), "");
+        assert_eq!(run_lengths(&[4, 0, 0]), "4 0 0");
+        assert_eq!(run_lengths(&[3, 1, 0, 0, 0, 0, 2, 2, 2]), "3 1 0×4 2×3");
     }
 }
