@@ -602,6 +602,39 @@ fn a_corrupted_range_is_reported() {
 }
 
 #[test]
+fn rule_19_a_free_block_of_a_range_holds_nothing() {
+    let mut m = model(1 << 30);
+    let a = malloc(&mut m, 3 * MIB, 0).unwrap();
+    free(&mut m, a);
+    let good = m.clone();
+    // Corrupt: the free mapped block still counts requested bytes.
+    let block = m.segments[0]
+        .blocks
+        .iter_mut()
+        .find(|b| b.mapped && b.state == BlockState::Free)
+        .expect("a free mapped block");
+    block.requested = 512;
+    let error = m.check_invariants().unwrap_err();
+    assert!(
+        error.to_string().contains("inconsistent Free block"),
+        "{error}"
+    );
+    // Corrupt: it still lists a stream that used it.
+    let mut m = good;
+    let block = m.segments[0]
+        .blocks
+        .iter_mut()
+        .find(|b| b.mapped && b.state == BlockState::Free)
+        .expect("a free mapped block");
+    block.stream_uses.push(1);
+    let error = m.check_invariants().unwrap_err();
+    assert!(
+        error.to_string().contains("inconsistent Free block"),
+        "{error}"
+    );
+}
+
+#[test]
 fn rule_19_an_allocated_block_of_a_range_holds_no_event() {
     let mut m = model(1 << 30);
     let a = malloc(&mut m, 3 * MIB, 0).unwrap();
