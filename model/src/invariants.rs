@@ -593,6 +593,23 @@ mod tests {
     }
 
     #[test]
+    fn a_small_segment_of_another_size_than_2_mib_is_reported() {
+        let mut model = Model::new(ModelConfig::pytorch_defaults(1 << 30));
+        model.malloc(4096, 0).unwrap();
+        model.check_invariants().unwrap();
+        // Grow the small segment and its last block to 4 MiB behind the model's back: the
+        // blocks still tile it, so only the size rule (rule 4: small segments are 2 MiB) fails.
+        let segment = &mut model.segments[0];
+        segment.size += 2 << 20;
+        segment.blocks.last_mut().unwrap().size += 2 << 20;
+        let error = model.check_invariants().unwrap_err();
+        assert!(
+            matches!(error, InvariantViolation::SmallSegmentSize { size, .. } if size == 4 << 20),
+            "{error:?}"
+        );
+    }
+
+    #[test]
     fn statistics_that_drift_from_the_state_are_reported() {
         let mut model = Model::new(ModelConfig::pytorch_defaults(1 << 30));
         model.malloc(4096, 0).unwrap();
