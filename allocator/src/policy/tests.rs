@@ -1064,3 +1064,23 @@ fn malloc_if_cached_is_the_cache_question_and_the_request_in_one_search() {
     );
     assert!(view_steps > 10, "{view_steps} steps with a view in use");
 }
+
+// --- rule 1: the size limit ----------------------------------------------------------------
+
+#[test]
+fn rule_1_a_request_of_exactly_2_pow_60_bytes_is_not_too_large_only_one_above_it_is() {
+    let mut c = core(1 << 30);
+    // 2^60 bytes is within the limit: the device cannot hold it, so it is out of memory.
+    assert!(
+        matches!(
+            c.malloc(MAX_ALLOC_SIZE, StreamId(0)),
+            Err(Error::OutOfMemory(_))
+        ),
+        "2^60 bytes must reach the device"
+    );
+    // One byte more is refused before anything is asked.
+    assert!(matches!(
+        c.malloc(MAX_ALLOC_SIZE + 1, StreamId(0)),
+        Err(Error::TooLarge { requested }) if requested == MAX_ALLOC_SIZE + 1
+    ));
+}
