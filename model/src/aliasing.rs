@@ -447,7 +447,34 @@ impl Model {
         }
         covered.sort_unstable();
         covered.dedup();
-        for &slot in &covered {
+        // The usual case, by two sorted walks: the covered slots are page_of's slots, and
+        // page_of's (slot, page) pairs are exactly the pages' own homes and lent slots.
+        let mut listed: Vec<(u64, u64)> = Vec::with_capacity(self.page_of.len());
+        for (&number, page) in &self.pages {
+            listed.push((page.home, number));
+            listed.extend(page.lent.iter().map(|&slot| (slot, number)));
+        }
+        listed.sort_unstable();
+        let agree = covered.iter().eq(self.page_of.keys())
+            && listed
+                .iter()
+                .copied()
+                .eq(self.page_of.iter().map(|(&slot, &page)| (slot, page)));
+        if !agree {
+            // Find and name the first disagreement, one slot and one page at a time.
+            self.check_page_table_slowly(&covered)?;
+        }
+        for (&number, page) in &self.pages {
+            self.check_page(number, page)?;
+        }
+        self.check_device_pages()
+    }
+
+    /// Rule 22i's page table, slot by slot and page by page: the first slot covered by a
+    /// mapped block without a page, mapped slot outside them, or page and slot disagreeing,
+    /// with rule 22i's checks of each page in between, in the order they were always made.
+    fn check_page_table_slowly(&self, covered: &[u64]) -> Result<(), InvariantViolation> {
+        for &slot in covered {
             if !self.page_of.contains_key(&slot) {
                 return Err(InvariantViolation::SlotWithoutPage { slot });
             }
@@ -465,13 +492,16 @@ impl Model {
             }
         }
         for (&number, page) in &self.pages {
-            let mut slots = page.lent.clone();
-            slots.push(page.home);
-            let n = slots.len();
-            slots.sort_unstable();
-            slots.dedup();
-            let consistent =
-                slots.len() == n && slots.iter().all(|s| self.page_of.get(s) == Some(&number));
+            let consistent = if page.lent.is_empty() {
+                self.page_of.get(&page.home) == Some(&number)
+            } else {
+                let mut slots = page.lent.clone();
+                slots.push(page.home);
+                let n = slots.len();
+                slots.sort_unstable();
+                slots.dedup();
+                slots.len() == n && slots.iter().all(|s| self.page_of.get(s) == Some(&number))
+            };
             if !consistent {
                 return Err(InvariantViolation::PageTableInconsistent {
                     slot: page.home,
@@ -480,7 +510,7 @@ impl Model {
             }
             self.check_page(number, page)?;
         }
-        self.check_device_pages()
+        Ok(())
     }
 
     /// Rule 22i for one page: its home lies in mapped blocks; each lent slot lies in a lent
@@ -542,23 +572,30 @@ impl Model {
             });
         }
         for page in self.pages.values() {
-            let mut slots = page.lent.clone();
-            slots.push(page.home);
-            slots.extend(view_slots.get(&page.home).into_iter().flatten());
-            slots.sort_unstable();
-            let mut mapped = self
+            let views = view_slots.get(&page.home).map_or(&[][..], Vec::as_slice);
+            let mapped = self
                 .device
                 .page_at(page.home)
                 .and_then(|d| device.get(&d))
-                .map(|d| d.mappings.clone())
-                .unwrap_or_default();
-            mapped.sort_unstable();
-            if mapped != slots {
+                .map_or(&[][..], |d| d.mappings.as_slice());
+            let agree = if page.lent.is_empty() && views.is_empty() {
+                // The common page: mapped at its home only (no list to build).
+                mapped == [page.home]
+            } else {
+                let mut slots = page.lent.clone();
+                slots.push(page.home);
+                slots.extend_from_slice(views);
+                slots.sort_unstable();
+                let mut mapped = mapped.to_vec();
+                mapped.sort_unstable();
+                mapped == slots
+            };
+            if !agree {
                 return Err(InvariantViolation::DevicePageTable { slot: page.home });
             }
         }
         // The slots under live blocks, each once, and the device's page behind each.
-        let mut under_live: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut under_live: Vec<(u64, u64)> = Vec::new();
         for range in self.segments.iter().filter(|r| r.expandable) {
             let page = self.page_size(range.pool);
             for block in range.blocks.iter().filter(|b| b.state != BlockState::Free) {
@@ -569,19 +606,21 @@ impl Model {
                         .device
                         .page_at(slot)
                         .ok_or(InvariantViolation::DevicePageTable { slot })?;
-                    under_live.insert(slot, device_page);
+                    under_live.push((device_page, slot));
                 }
             }
         }
-        let mut seen: BTreeMap<u64, u64> = BTreeMap::new();
-        for (&slot, &device_page) in &under_live {
-            if let Some(&first) = seen.get(&device_page) {
-                return Err(InvariantViolation::PageUnderTwoLiveBlocks {
-                    first,
-                    second: slot,
-                });
-            }
-            seen.insert(device_page, slot);
+        // Two blocks sharing a slot share its page: that slot counts once. Of the device
+        // pages under two slots or more, the one whose second slot is lowest is reported.
+        under_live.sort_unstable();
+        under_live.dedup();
+        let twice = under_live
+            .windows(2)
+            .filter(|w| w[0].0 == w[1].0)
+            .map(|w| (w[0].1, w[1].1))
+            .min_by_key(|&(_, second)| second);
+        if let Some((first, second)) = twice {
+            return Err(InvariantViolation::PageUnderTwoLiveBlocks { first, second });
         }
         Ok(())
     }

@@ -552,14 +552,94 @@ fn a_corrupted_page_table_is_reported_by_part() {
         bad.check_invariants(),
         Err(InvariantViolation::LentBlockUnaligned { .. }) | Err(InvariantViolation::Range { .. })
     ));
-    // The device maps a lent slot at another page.
+    // The device maps a lent slot at a new page: more device memory than the model's pages.
     let mut bad = good.clone();
     bad.device.unmap(BASE, 2 * MIB);
     assert!(bad.device.map(BASE, 2 * MIB));
-    assert!(bad.check_invariants().is_err());
-    // B's page mapped under C too, on the device's table: two live blocks share it.
+    let err = bad.check_invariants();
+    assert!(
+        matches!(err, Err(InvariantViolation::DeviceUsed { .. })),
+        "{err:?}"
+    );
+    // The device maps a lent slot at the next slot's page: the same memory, other mappings.
+    let mut bad = good.clone();
+    bad.device.unmap(BASE, 2 * MIB);
+    assert!(bad.device.alias(BASE, BASE + 2 * MIB, 2 * MIB));
+    let err = bad.check_invariants();
+    assert!(
+        matches!(err, Err(InvariantViolation::DevicePageTable { .. })),
+        "{err:?}"
+    );
+    // A page known at a slot no mapped block covers (past the last mapped slot).
+    let mut bad = good.clone();
+    let past = *bad.page_of.keys().last().unwrap() + 2 * MIB;
+    bad.page_of.insert(past, bad.page_of[&BASE]);
+    assert!(matches!(
+        bad.check_invariants(),
+        Err(InvariantViolation::PageOnUnmappedSlot { slot, .. }) if slot == past
+    ));
+    // A slot whose page does not list it: the first such slot is named.
+    let mut bad = good.clone();
+    let other = bad.page_of[&(BASE + 12 * MIB)];
+    *bad.page_of.get_mut(&(BASE + 10 * MIB)).unwrap() = other;
+    assert!(matches!(
+        bad.check_invariants(),
+        Err(InvariantViolation::PageTableInconsistent { slot, page })
+            if slot == BASE + 10 * MIB && page == other
+    ));
+    // A page listing a slot twice.
+    let mut bad = good.clone();
+    let number = bad.page_of[&BASE];
+    let page = bad.pages.get_mut(&number).unwrap();
+    let again = page.lent[0];
+    page.lent.push(again);
+    assert!(matches!(
+        bad.check_invariants(),
+        Err(InvariantViolation::PageTableInconsistent { page, .. }) if page == number
+    ));
+    // B's page mapped under C too, on the device's table: two live blocks share it. The
+    // model's own table is right, so the device's check is what names the two slots.
     let mut bad = good;
     bad.device.unmap(BASE + 14 * MIB, 2 * MIB);
     assert!(bad.device.alias(BASE + 14 * MIB, b, 2 * MIB));
-    assert!(bad.check_invariants().is_err());
+    let err = bad.check_invariants();
+    assert!(
+        matches!(
+            err,
+            Err(InvariantViolation::DevicePageTable { .. })
+                | Err(InvariantViolation::PageUnderTwoLiveBlocks { .. })
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn two_live_blocks_over_one_device_page_are_named_by_the_lowest_second_slot() {
+    let mut m = model();
+    let a = malloc(&mut m, 4 * MIB);
+    let b = malloc(&mut m, 4 * MIB);
+    let c = malloc(&mut m, 4 * MIB);
+    check(&m);
+    // Both tables agree that c's first slot maps b's first page and c's second slot a's
+    // first page (c's own pages gone): two pairs of live slots over one page each.
+    let mut bad = m.clone();
+    for (slot, source) in [(c, b), (c + 2 * MIB, a)] {
+        let own = bad.page_of[&slot];
+        bad.pages.remove(&own);
+        let shared = bad.page_of[&source];
+        bad.pages.get_mut(&shared).unwrap().lent.push(slot);
+        bad.device.unmap(slot, 2 * MIB);
+        assert!(bad.device.alias(slot, source, 2 * MIB));
+    }
+    // In address order, c is the first slot whose page was met before (at b).
+    assert!(
+        matches!(
+            bad.check_device_pages(),
+            Err(InvariantViolation::PageUnderTwoLiveBlocks { first, second })
+                if first == b && second == c
+        ),
+        "{:?}",
+        bad.check_device_pages()
+    );
+    assert!(m.check_device_pages().is_ok());
 }
