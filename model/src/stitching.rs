@@ -417,9 +417,12 @@ impl Model {
                 break;
             }
             let m = (k - taken).min(giver.page_bytes / page);
-            // Each maximal run of taken slots consecutive in the block is one alias.
+            // Each maximal run of taken slots consecutive in the block is one alias: a run
+            // never reaches into the next block, even where that one's slots come next (the
+            // next range's, say, reserved right after this one).
+            let block_runs = runs.len();
             for &slot in &giver.slots[..m as usize] {
-                match runs.last_mut() {
+                match runs[block_runs..].last_mut() {
                     Some((first, n)) if *first + *n * page == slot => *n += 1,
                     _ => runs.push((slot, 1)),
                 }
