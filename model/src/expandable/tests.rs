@@ -602,6 +602,36 @@ fn a_corrupted_range_is_reported() {
 }
 
 #[test]
+fn rule_19_an_unmapped_block_holds_nothing() {
+    let mut m = model(1 << 30);
+    let a = malloc(&mut m, 3 * MIB, 0).unwrap();
+    free(&mut m, a);
+    let good = m.clone();
+    fn unmapped(m: &mut Model) -> &mut crate::state::Block {
+        m.segments[0]
+            .blocks
+            .iter_mut()
+            .find(|b| !b.mapped && !b.lent)
+            .expect("the range's unmapped rest")
+    }
+    // Corrupt: the unmapped (free) block counts requested bytes.
+    unmapped(&mut m).requested = 512;
+    let error = m.check_invariants().unwrap_err();
+    assert!(
+        error.to_string().contains("unmapped block holds state"),
+        "{error}"
+    );
+    // Corrupt: it lists a stream that used it.
+    let mut m = good;
+    unmapped(&mut m).stream_uses.push(1);
+    let error = m.check_invariants().unwrap_err();
+    assert!(
+        error.to_string().contains("unmapped block holds state"),
+        "{error}"
+    );
+}
+
+#[test]
 fn rule_19_a_free_block_of_a_range_holds_nothing() {
     let mut m = model(1 << 30);
     let a = malloc(&mut m, 3 * MIB, 0).unwrap();

@@ -651,6 +651,25 @@ fn rule_23j_a_view_whose_home_lies_in_an_unmapped_block_is_reported() {
     assert!(error.to_string().contains("is not mapped"), "{error}");
 }
 
+#[test]
+fn rule_23j_a_view_missing_one_mapping_on_the_device_is_reported() {
+    let mut m = all_free();
+    malloc(&mut m, 4 * MIB);
+    check(&m);
+    // Corrupt: the device unmaps the view's first slot (its page stays mapped at its home):
+    // the reservation keeps its size, one slot fewer is mapped.
+    let view = m.views[0].address;
+    let mut broken = m;
+    broken.device.unmap(view, 2 * MIB);
+    let error = broken.check_views().unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("the reservation is not n whole mapped slots"),
+        "{error}"
+    );
+}
+
 // ---- The configuration ----
 
 #[test]
