@@ -603,10 +603,6 @@ fn a_corrupted_range_is_reported() {
 
 #[test]
 fn rule_19_an_unmapped_block_holds_nothing() {
-    let mut m = model(1 << 30);
-    let a = malloc(&mut m, 3 * MIB, 0).unwrap();
-    free(&mut m, a);
-    let good = m.clone();
     fn unmapped(m: &mut Model) -> &mut crate::state::Block {
         m.segments[0]
             .blocks
@@ -614,6 +610,10 @@ fn rule_19_an_unmapped_block_holds_nothing() {
             .find(|b| !b.mapped && !b.lent)
             .expect("the range's unmapped rest")
     }
+    let mut m = model(1 << 30);
+    let a = malloc(&mut m, 3 * MIB, 0).unwrap();
+    free(&mut m, a);
+    let good = m.clone();
     // Corrupt: the unmapped (free) block counts requested bytes.
     unmapped(&mut m).requested = 512;
     let error = m.check_invariants().unwrap_err();
