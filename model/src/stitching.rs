@@ -95,6 +95,8 @@ pub(crate) struct ViewAllocation {
 struct Giver {
     /// Rule 23k: whether it lies in a range of another stream than the request's.
     foreign: bool,
+    /// Rule 23f: whether it lies in a range of the small pool (after the large pool's).
+    small: bool,
     /// Bytes of the slots of its range lying wholly inside it (rule 19j: of one-page handles).
     page_bytes: u64,
     /// The block's first byte.
@@ -377,8 +379,8 @@ impl Model {
         }
         let page = self.view_page();
         let k = rounded.div_ceil(page);
-        // The free pages, by giver: listed once, largest first, then by address (across
-        // pools).
+        // The free pages, by giver: listed once; the large pool's before the small pool's,
+        // then largest first, then by address.
         // Rule 23k: the ranges of every stream, the request's stream's blocks first.
         let mut givers = Vec::new();
         for range in &self.segments {
@@ -396,6 +398,7 @@ impl Model {
                     if !slots.is_empty() {
                         givers.push(Giver {
                             foreign: range.stream != stream,
+                            small: range.pool == Pool::Small,
                             page_bytes: slots.len() as u64 * page,
                             address: block.address,
                             slots,
@@ -408,7 +411,14 @@ impl Model {
         if free_pages < k {
             return None;
         }
-        givers.sort_by_key(|g| (g.foreign, std::cmp::Reverse(g.page_bytes), g.address));
+        givers.sort_by_key(|g| {
+            (
+                g.foreign,
+                g.small,
+                std::cmp::Reverse(g.page_bytes),
+                g.address,
+            )
+        });
         // The runs taken, in the order taken: (first slot, slots).
         let mut runs: Vec<(u64, u64)> = Vec::new();
         let mut taken = 0;

@@ -337,8 +337,8 @@ impl<B: Backend> CachingCore<B> {
             return Ok(None);
         }
         // The free pages: whole slots of the stream's ranges (the large pool's, and the small
-        // pool's when its page is P) inside free blocks, by block: most such bytes first, then
-        // by address.
+        // pool's when its page is P) inside free blocks, by block: the large pool's first, then
+        // most such bytes first, then by address.
         let mut pools = vec![Pool::Large];
         if self.page_of(Pool::Small) == page {
             pools.push(Pool::Small);
@@ -367,11 +367,13 @@ impl<B: Backend> CachingCore<B> {
             return Ok(None);
         }
         let mut order: Vec<usize> = (0..listed.len()).filter(|&i| listed[i].0 > 0).collect();
-        // Rule 23k: the request's stream's blocks first, then the others'.
+        // Rule 23k: the request's stream's blocks first, then the others'; rule 23f: in each,
+        // the large pool's before the small pool's.
         order.sort_unstable_by_key(|&i| {
             let b = self.blocks.get(listed[i].2);
             (
                 b.stream != stream,
+                b.pool == Pool::Small,
                 std::cmp::Reverse(listed[i].0),
                 b.address,
             )

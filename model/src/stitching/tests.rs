@@ -507,6 +507,29 @@ fn a_view_may_map_pages_of_the_small_pool_when_its_page_is_p() {
     free(&mut m, d);
 }
 
+#[test]
+fn rule_23f_a_view_takes_the_large_pools_pages_before_the_small_pools() {
+    let mut m = Model::new(config(1 << 30));
+    // Small pool: four 1 MiB blocks (its pages 0 and 1), all freed: one free block of two
+    // whole pages. Large pool: one page, freed: one free block of one whole page.
+    let small: Vec<u64> = (0..4).map(|_| malloc(&mut m, MIB)).collect();
+    let large = malloc(&mut m, 2 * MIB);
+    for a in small {
+        free(&mut m, a);
+    }
+    free(&mut m, large);
+    let small_base = m.segments[0].address;
+    let large_base = m.segments[1].address;
+    assert_eq!(m.stats().reserved_bytes.all.current, (6 * MIB) as i64);
+    // 4 MiB: no cached block fits; 6 + 4 MiB passes the limit; three free pages. The
+    // small pool's block holds more such bytes (4 MiB against 2), but the large pool's
+    // block comes first: its page, then the small pool's first.
+    let d = malloc(&mut m, 4 * MIB);
+    assert_eq!(d, m.views[0].address);
+    assert_eq!(m.views[0].homes, vec![large_base, small_base]);
+    free(&mut m, d);
+}
+
 // ---- 23g: the cap ----
 
 #[test]

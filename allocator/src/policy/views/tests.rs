@@ -229,6 +229,33 @@ fn over_the_limit_a_view_of_free_pages_is_made_and_its_first_byte_handed_out() {
 }
 
 #[test]
+fn rule_23f_a_view_takes_the_large_pools_pages_before_the_small_pools() {
+    let mut c = core(1 << 30);
+    // Small pool: four 1 MiB blocks (its range's pages 0 and 1), all freed: one free block of
+    // two whole pages. Large pool: one page, freed: one free block of one whole page.
+    let small: Vec<u64> = (0..4).map(|_| c.malloc(MIB, S).unwrap()).collect();
+    let large = c.malloc(2 * MIB, S).unwrap();
+    for &a in &small {
+        c.free(a).unwrap();
+    }
+    c.free(large).unwrap();
+    assert_eq!(c.stats().reserved_bytes.all.current, 6 * MIB as i64);
+    let before = calls(&c);
+    // 4 MiB: no cached block fits; 6 + 4 MiB passes the limit; three free pages. The small
+    // pool's block holds more such bytes (4 MiB against 2), but the large pool's block comes
+    // first: the view maps its page, then the small pool's first — one alias each.
+    let v = c.malloc(4 * MIB, S).unwrap();
+    assert_eq!(c.view_counts(), (1, 1));
+    assert_eq!(calls(&c), (before.0 + 2, before.1));
+    let d = c.backend();
+    assert_eq!(d.page_at(v), d.page_at(large));
+    assert_eq!(d.page_at(v + 2 * MIB), d.page_at(small[0]));
+    check(&c);
+    c.free(v).unwrap();
+    check(&c);
+}
+
+#[test]
 fn with_fewer_free_pages_than_the_request_needs_rule_20_goes_on_as_written() {
     let mut c = core(1 << 30);
     holes(&mut c);
