@@ -30,6 +30,7 @@
 //! segment; it is a live allocation like any other (the live map, `record_stream`, events,
 //! thread caches), and its return (rule 10) returns the held pieces.
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 
 use rustc_hash::FxHashMap;
@@ -136,9 +137,10 @@ impl<B: Backend> CachingCore<B> {
         // The block may already have left the slab (a neighbour absorbed by a merge): the
         // index is asked, not the block.
         if let Some(v) = &mut self.views
-            && v.free_at.get(&key.2) == Some(&key.3)
+            && let Entry::Occupied(e) = v.free_at.entry(key.2)
+            && *e.get() == key.3
         {
-            v.free_at.remove(&key.2);
+            e.remove();
         }
     }
 
