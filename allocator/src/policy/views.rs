@@ -462,8 +462,9 @@ impl<B: Backend> CachingCore<B> {
         for &(_, home) in &homes {
             v.by_home.insert((home, seq));
         }
-        v.home_slots.extend(homes.iter().map(|&(_, home)| home));
-        v.home_slots.sort_unstable();
+        let mut added: Vec<u64> = homes.iter().map(|&(_, home)| home).collect();
+        added.sort_unstable();
+        merge_sorted(&mut v.home_slots, &added);
         for (at, id) in sources {
             v.free_at.insert(at, id);
         }
@@ -604,6 +605,21 @@ impl<B: Backend> CachingCore<B> {
         self.views
             .as_ref()
             .map_or((0, 0), |v| (v.views.len(), v.by_allocation.len()))
+    }
+}
+
+/// Merges the sorted `added` into the sorted `into`, keeping it sorted: from the back, each
+/// added value's place found by a binary search and the values above it moved up in one copy.
+/// A sort of the whole list for every view made was most of the second pass's time on
+/// programs that make hundreds of views.
+fn merge_sorted(into: &mut Vec<u64>, added: &[u64]) {
+    let mut end = into.len();
+    into.resize(end + added.len(), 0);
+    for (k, &value) in added.iter().enumerate().rev() {
+        let at = into[..end].partition_point(|&h| h <= value);
+        into.copy_within(at..end, at + k + 1);
+        into[at + k] = value;
+        end = at;
     }
 }
 
