@@ -956,25 +956,19 @@ fn rule_23k_an_injected_recording_fault_fails_the_wait_of_a_hand_out_on_the_simu
     assert_eq!(c.malloc(4 * MIB, S1).unwrap(), V0);
 }
 
-/// The home-slot list's merge (rule 23's hot index, kept sorted as views are made) agrees
-/// with sorting the concatenation, duplicates and every relative position included.
-#[test]
-fn the_home_slot_merge_keeps_the_list_sorted_with_every_value() {
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % 64
-    };
-    for round in 0..200 {
-        let mut into: Vec<u64> = (0..round % 17).map(|_| next()).collect();
+proptest::proptest! {
+    /// The home-slot list's merge (rule 23's hot index, kept sorted as views are made) agrees
+    /// with sorting the concatenation, duplicates and every relative position included.
+    #[test]
+    fn the_home_slot_merge_keeps_the_list_sorted_with_every_value(
+        mut into in proptest::collection::vec(0u64..64, 0..17),
+        mut added in proptest::collection::vec(0u64..64, 0..11),
+    ) {
         into.sort_unstable();
-        let mut added: Vec<u64> = (0..round % 11).map(|_| next()).collect();
         added.sort_unstable();
         let mut expected = [into.clone(), added.clone()].concat();
         expected.sort_unstable();
         super::merge_sorted(&mut into, &added);
-        assert_eq!(into, expected, "round {round}");
+        proptest::prop_assert_eq!(into, expected);
     }
 }
