@@ -5,6 +5,7 @@
 use super::*;
 use crate::backend::sim::{SIM_BASE_ADDRESS, SimDevice};
 use crate::block::Backing;
+use crate::policy::adopt::{AdoptedBlock, AdoptedRange, AdoptedState};
 use crate::invariants::InvariantViolation;
 
 const MIB: u64 = 1 << 20;
@@ -1083,4 +1084,47 @@ fn rule_1_a_request_of_exactly_2_pow_60_bytes_is_not_too_large_only_one_above_it
         c.malloc(MAX_ALLOC_SIZE + 1, StreamId(0)),
         Err(Error::TooLarge { requested }) if requested == MAX_ALLOC_SIZE + 1
     ));
+}
+
+// --- rule 18f: adopted ranges ---------------------------------------------------------------
+
+#[test]
+fn an_adopted_range_may_end_with_an_unmapped_block_reaching_its_end_but_none_before_an_unmapped_rest()
+ {
+    let capacity = 64 * MIB;
+    let settings = Settings::pytorch()
+        .apply("expandable_segments:True,expandable_page_mb:2")
+        .unwrap();
+    let page = 2 * MIB;
+    let size = super::expandable::range_size(capacity, page);
+    let address = 1 << 40;
+    let range = |unmapped: u64| AdoptedRange {
+        address,
+        stream: StreamId(0),
+        pool: Pool::Large,
+        blocks: vec![
+            AdoptedBlock {
+                size: page,
+                state: AdoptedState::Allocated { requested: page },
+            },
+            AdoptedBlock {
+                size: unmapped,
+                state: AdoptedState::Unmapped,
+            },
+        ],
+    };
+    // The blocks cover the whole range: no rest follows the unmapped block.
+    let mut c = CachingCore::new(SimDevice::new(capacity), settings.clone()).unwrap();
+    c.adopt_range(range(size - page)).unwrap();
+    assert_eq!(c.stats().reserved_bytes.all.current, page as i64);
+    c.free(address).unwrap();
+    c.check_invariants().unwrap();
+    // The unmapped block stops short of the end: it lies next to the unmapped rest.
+    let mut c = CachingCore::new(SimDevice::new(capacity), settings).unwrap();
+    let err = c.adopt_range(range(size - 2 * page)).unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidAdoption { reason } if reason.contains("unmapped rest")),
+        "{err}"
+    );
+    assert_eq!(c.stats().reserved_bytes.all.current, 0);
 }

@@ -783,3 +783,40 @@ fn the_whole_handles_of_a_free_block_run_from_the_first_inside_to_the_end_of_the
     );
     free(&mut m, a);
 }
+
+#[test]
+fn an_adopted_range_may_end_with_an_unmapped_block_reaching_its_end_but_none_before_an_unmapped_rest()
+ {
+    let capacity = 64 * MIB;
+    let page = 20 * MIB;
+    let size = range_size(page, capacity).unwrap();
+    let address = 1 << 40;
+    let range = |unmapped: u64| crate::AdoptedRange {
+        address,
+        stream: 0,
+        small: false,
+        blocks: vec![
+            AdoptedBlock {
+                size: page,
+                state: AdoptedState::Allocated { requested: page },
+            },
+            AdoptedBlock {
+                size: unmapped,
+                state: AdoptedState::Unmapped,
+            },
+        ],
+    };
+    // The blocks cover the whole range: no rest follows the unmapped block.
+    let mut m = model(capacity);
+    m.adopt_range(range(size - page)).unwrap();
+    free(&mut m, address);
+    m.check_invariants().unwrap();
+    assert_eq!(ranges(&m)[0].len(), 2, "{:?}", ranges(&m));
+    // The unmapped block stops short of the end: it lies next to the unmapped rest.
+    let mut m = model(capacity);
+    assert!(matches!(
+        m.adopt_range(range(size - 2 * page)),
+        Err(ModelError::InvalidAdoption { .. })
+    ));
+    assert!(m.device.reservations().is_empty());
+}
