@@ -5,8 +5,8 @@
 use super::*;
 use crate::backend::sim::{SIM_BASE_ADDRESS, SimDevice};
 use crate::block::Backing;
-use crate::policy::adopt::{AdoptedBlock, AdoptedRange, AdoptedState};
 use crate::invariants::InvariantViolation;
+use crate::policy::adopt::{AdoptedBlock, AdoptedRange, AdoptedState};
 
 const MIB: u64 = 1 << 20;
 
