@@ -7,12 +7,15 @@
 #          sorted by file and line, so a sample spreads over every file); default: all of them
 #   OUT    folder for the results (default results/mutants-$(date +%F)/<crate>)
 #   MUTANTS_TIMEOUT  seconds one mutant's tests may run (default 300)
+#   MUTANTS_IN_DIFF  a diff file: only the mutants in the lines it touches (cargo mutants
+#          --in-diff; scripts/mutants_ci.sh makes one from a commit range)
 #
 # What is mutated (.cargo/mutants.toml excludes the rest): for `allocator`, the policy core
 # (allocator/src/policy/**: segments, expandable ranges, reclaim, adoption, aliasing, views),
 # sizes, statistics, the free set, blocks, settings and their parser, the front end and the
 # thread caches; not the CUDA and FFI layers, the simulated device, snapshots or history.
-# For `model`, the whole of cachalot-model.
+# For `model`, the whole of cachalot-model. The mutants argued equivalent
+# (results/mutants-2026-12-03/equivalent.md) are left out by the same file's `exclude_re`.
 #
 # What is run for each mutant: the tests of the mutated crate and of cachalot-harness (the
 # differential property tests, the named scenarios, the fuzz regressions, the replay of every
@@ -38,6 +41,7 @@ command -v cargo-mutants >/dev/null || cargo install cargo-mutants --locked --ve
 args=(--package "$pkg" --test-package "$pkg,cachalot-harness" --cargo-test-arg=--tests
       --baseline skip --timeout "${MUTANTS_TIMEOUT:-300}" --build-timeout 900 --no-shuffle)
 if [[ -n $shard ]]; then args+=(--shard "$shard" --sharding round-robin); fi
+if [[ -n ${MUTANTS_IN_DIFF:-} ]]; then args+=(--in-diff "$MUTANTS_IN_DIFF"); fi
 mkdir -p "$out"
 export PROPTEST_RNG_SEED=${PROPTEST_RNG_SEED:-20261203} PROPTEST_MAX_SHRINK_TIME=1
 start=$(date +%s)
@@ -50,7 +54,7 @@ count() { [[ -f $m/$1 ]] && wc -l < "$m/$1" || echo 0; }
 caught=$(count caught.txt) missed=$(count missed.txt) timeout=$(count timeout.txt) unviable=$(count unviable.txt)
 viable=$(( caught + missed + timeout ))
 {
-    echo "crate: $pkg   shard: ${shard:-all}   date: $(date -u +%FT%TZ)   commit: $(git rev-parse --short HEAD)"
+    echo "crate: $pkg   shard: ${shard:-all}${MUTANTS_IN_DIFF:+   in diff: $MUTANTS_IN_DIFF}   date: $(date -u +%FT%TZ)   commit: $(git rev-parse --short HEAD)"
     echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
     echo "run time: ${elapsed} s   cargo-mutants exit: $rc"
     echo "caught $caught, timeout $timeout, missed $missed, unviable $unviable"
