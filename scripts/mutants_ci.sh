@@ -49,7 +49,7 @@ for crate in allocator model; do
         parts=$(( (n + max - 1) / max ))
         k=$(( 16#$(git rev-parse --short=8 "$tip") % parts ))
         shard="$k/$parts"
-        echo "== $crate: $n mutants in the change, more than $max: the sample $shard (every ${parts}th)"
+        echo "== $crate: $n mutants in the change, more than $max: the sample $shard (one in $parts)"
     else
         echo "== $crate: $n mutants in the change"
     fi
@@ -68,7 +68,7 @@ for crate in allocator model; do
 done
 (( keep )) || rm -rf "$out"
 if (( failed )); then
-    echo "== a mutant survived (see the script's header for what to do)"
+    echo "== a mutant survived or a run did not complete (see above; the script's header says what to do with a survivor)"
     exit 1
 fi
 echo "== every mutant of the change caught"
