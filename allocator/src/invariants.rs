@@ -975,13 +975,18 @@ fn check_views(
         ));
     }
     // The address index keeps every free block that holds a view's home (where a piece can
-    // lie), and nothing but free blocks of the free sets.
-    let in_free_set = |id: BlockId, address: u64| {
+    // lie) under its end address, and nothing but free blocks of the free sets (a deferred
+    // removal's entry aside); a block is marked indexed exactly when it is listed.
+    let in_free_set = |id: BlockId, end: u64| {
         blocks.try_get(id).is_some_and(|b| {
-            b.address == address
+            b.address + b.size == end
                 && parts.free[b.pool.index()].contains(&(b.stream, b.size, b.address, id))
         })
     };
+    let listed = |end: u64, id: BlockId| {
+        views.free_at.get(&end) == Some(&id) && views.deferred != Some((end, id))
+    };
+    let marked = |id: BlockId| views.indexed.get(id as usize).copied().unwrap_or(false);
     let missing = parts.free[0]
         .iter()
         .chain(parts.free[1].iter())
@@ -991,14 +996,15 @@ fn check_views(
                 .range((address, 0)..(address + size, 0))
                 .next()
                 .is_some()
-                && views.free_at.get(&address) != Some(&id)
+                && !listed(address + size, id)
         });
-    if missing
-        || views
-            .free_at
-            .iter()
-            .any(|(&address, &id)| !in_free_set(id, address))
-    {
+    let mut live_entries = 0usize;
+    let stray = views.indexed_blocks().any(|(end, id)| {
+        live_entries += 1;
+        !in_free_set(id, end) || !marked(id)
+    });
+    let marks = views.indexed.iter().filter(|&&m| m).count();
+    if missing || stray || marks != live_entries {
         return Err(err(
             0,
             "the free blocks' address index is not the free sets",

@@ -21,10 +21,15 @@
 //!   unmapped (rule 23h) is a range query, not a scan of every view;
 //! * the free views by `(last hand-out, number)` for the cap's least-recently-used eviction
 //!   (rule 23g); the in-use views by their allocation's block, for the return (rule 23e);
-//! * the free mapped blocks by address (`free_at`) that hold a view's home (the only ones a
-//!   piece can lie in), kept beside the free sets (every insert and removal goes
+//! * the free mapped blocks that hold a view's home (the only ones a piece can lie in) by
+//!   their *end* address (`free_at`), kept beside the free sets (every insert and removal goes
 //!   through [`CachingCore::free_insert`] and [`CachingCore::free_remove`]), so whether a
-//!   piece lies wholly inside one free block is one lookup.
+//!   piece lies wholly inside one free block is one lookup. Keyed by the end, the two changes
+//!   every steady pass makes most — a free block split for a request (its rest keeps its end)
+//!   and a freed block merged with the free block after it (which takes that block's end) —
+//!   replace one entry's value instead of removing a key and inserting another: a removal is
+//!   *deferred* ([`Views::deferred`]) until the next removal, and an insert at the deferred
+//!   end takes the entry over in place.
 //!
 //! A view's allocation is a block of the slab with [`Backing::View`]: no neighbours, in no
 //! segment; it is a live allocation like any other (the live map, `record_stream`, events,
@@ -92,8 +97,17 @@ pub(crate) struct Views {
     pub lru: BTreeSet<(u64, u64)>,
     /// The views in use by their allocation's block.
     pub by_allocation: FxHashMap<BlockId, u64>,
-    /// The free mapped blocks (of the free sets) by address.
+    /// The free mapped blocks (of the free sets) that hold a home, by end address (one past
+    /// their last byte; free blocks are disjoint, so the first entry at or after a piece's end
+    /// names the only free block that can hold it). One entry may be stale: [`Views::deferred`].
     pub free_at: BTreeMap<u64, BlockId>,
+    /// A removal from `free_at` not yet made: `(end, block)` of a block that left the free set.
+    /// The next removal makes it first; an insert at the same end replaces its value in place.
+    /// Lookups and the invariant checker skip this one entry while it is deferred.
+    pub deferred: Option<(u64, BlockId)>,
+    /// By block id: whether the block is in `free_at` (so that removing a block that holds no
+    /// home asks nothing of the map).
+    pub indexed: Vec<bool>,
     /// Address space all views hold: the sum of their `n × P`.
     pub bytes: u64,
     /// The cap (rule 23g) when the last view was made: `2 × capacity` then.
@@ -115,6 +129,73 @@ impl Views {
         self.clock += 1;
         self.clock
     }
+
+    /// Whether block `id` is in the address index.
+    #[inline]
+    fn is_indexed(&self, id: BlockId) -> bool {
+        self.indexed.get(id as usize).copied().unwrap_or(false)
+    }
+
+    #[inline]
+    fn set_indexed(&mut self, id: BlockId, on: bool) {
+        let i = id as usize;
+        if i >= self.indexed.len() {
+            if !on {
+                return;
+            }
+            self.indexed.resize(i + 1, false);
+        }
+        self.indexed[i] = on;
+    }
+
+    /// The free block `id`, ending at `end`, enters the address index: in place of the
+    /// deferred entry when that one ends there too (the rest of a split, a merge with the block
+    /// after), else as a new key.
+    #[inline]
+    pub(super) fn index(&mut self, end: u64, id: BlockId) {
+        match self.deferred {
+            Some((e, _)) if e == end => {
+                self.deferred = None;
+                // The deferred entry is still in the map (a stitched view's sources may have
+                // replaced its value since): it is the block's now.
+                self.free_at.insert(end, id);
+            }
+            _ => {
+                self.free_at.insert(end, id);
+            }
+        }
+        self.set_indexed(id, true);
+    }
+
+    /// The free block `id`, ending at `end`, leaves the address index: its removal is
+    /// deferred, and the one deferred before is made.
+    #[inline]
+    pub(super) fn unindex(&mut self, end: u64, id: BlockId) {
+        if !self.is_indexed(id) {
+            return;
+        }
+        self.set_indexed(id, false);
+        self.flush_deferred();
+        self.deferred = Some((end, id));
+    }
+
+    /// Makes the deferred removal, if any (its entry may have been taken over since).
+    pub(super) fn flush_deferred(&mut self) {
+        if let Some((end, id)) = self.deferred.take()
+            && let Entry::Occupied(e) = self.free_at.entry(end)
+            && *e.get() == id
+        {
+            e.remove();
+        }
+    }
+
+    /// The address index's live entries: every entry but a deferred removal's.
+    pub(crate) fn indexed_blocks(&self) -> impl Iterator<Item = (u64, BlockId)> + '_ {
+        self.free_at
+            .iter()
+            .map(|(&end, &id)| (end, id))
+            .filter(move |&e| Some(e) != self.deferred)
+    }
 }
 
 impl<B: Backend> CachingCore<B> {
@@ -126,7 +207,7 @@ impl<B: Backend> CachingCore<B> {
         if self.holds_a_home(&key)
             && let Some(v) = &mut self.views
         {
-            v.free_at.insert(key.2, key.3);
+            v.index(key.2 + key.1, key.3);
         }
     }
 
@@ -135,12 +216,9 @@ impl<B: Backend> CachingCore<B> {
     pub(super) fn free_remove(&mut self, p: usize, key: &FreeKey) {
         self.free[p].remove(key);
         // The block may already have left the slab (a neighbour absorbed by a merge): the
-        // index is asked, not the block.
-        if let Some(v) = &mut self.views
-            && let Entry::Occupied(e) = v.free_at.entry(key.2)
-            && *e.get() == key.3
-        {
-            e.remove();
+        // key says where it ended.
+        if let Some(v) = &mut self.views {
+            v.unindex(key.2 + key.1, key.3);
         }
     }
 
@@ -151,14 +229,22 @@ impl<B: Backend> CachingCore<B> {
     /// enter `by_home` before its first hand-out carves them, and every free block that
     /// enters the free set later is asked here. Blocks that held the homes of a view since
     /// destroyed may stay indexed until they leave the free set; the lookup stays exact (the
-    /// indexed block that starts last at or before a home is the one holding it, if any
-    /// does). Without views nothing is indexed.
+    /// first indexed block ending at or after a piece's end is the only one that can hold it).
+    /// Without views nothing is indexed.
     #[inline]
     fn holds_a_home(&self, key: &FreeKey) -> bool {
         let Some(v) = &self.views else {
             return false;
         };
         let (address, size) = (key.2, key.1);
+        // Homes are slots of ranges whose page is P: a block of a range in which no slot
+        // starts (most small blocks) holds none, without the search.
+        if let Some(base) = self.blocks.get(key.3).range {
+            let offset = address - base;
+            if offset.div_ceil(v.page) * v.page >= offset + size {
+                return false;
+            }
+        }
         let i = v.home_slots.partition_point(|&h| h < address);
         v.home_slots
             .get(i)
@@ -168,9 +254,15 @@ impl<B: Backend> CachingCore<B> {
     /// The free block (of a free set) holding `[address, address + len)` wholly, if any.
     fn free_block_around(&self, address: u64, len: u64) -> Option<BlockId> {
         let v = self.views.as_ref()?;
-        let (_, &id) = v.free_at.range(..=address).next_back()?;
+        // Free blocks are disjoint: the first indexed one ending at or after the piece's end
+        // is the only one that can hold it (the deferred removal's entry is not one).
+        let (_, id) = v
+            .free_at
+            .range(address + len..)
+            .map(|(&end, &id)| (end, id))
+            .find(|&e| Some(e) != v.deferred)?;
         let b = self.blocks.get(id);
-        (b.address + b.size >= address + len).then_some(id)
+        (b.address <= address).then_some(id)
     }
 
     /// Rule 23b: the maximal runs of slots whose homes are consecutive in one range
@@ -446,7 +538,10 @@ impl<B: Backend> CachingCore<B> {
         // the free set before the view existed may be missing from it).
         let sources: Vec<(u64, BlockId)> = runs
             .iter()
-            .map(|&(_, _, _, id)| (self.blocks.get(id).address, id))
+            .map(|&(_, _, _, id)| {
+                let b = self.blocks.get(id);
+                (b.address + b.size, id)
+            })
             .collect();
         let mut foreign: Vec<StreamId> = runs
             .iter()
@@ -465,8 +560,10 @@ impl<B: Backend> CachingCore<B> {
         let mut added: Vec<u64> = homes.iter().map(|&(_, home)| home).collect();
         added.sort_unstable();
         merge_sorted(&mut v.home_slots, &added);
-        for (at, id) in sources {
-            v.free_at.insert(at, id);
+        for (end, id) in sources {
+            if !v.is_indexed(id) {
+                v.index(end, id);
+            }
         }
         v.free_by_size.insert((stream, k, seq));
         v.lru.insert((stamp, seq));

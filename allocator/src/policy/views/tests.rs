@@ -682,7 +682,7 @@ fn the_checker_catches_a_held_piece_of_no_view() {
     let v = c.malloc(5 * MIB, S).unwrap();
     c.free(v).unwrap();
     // A free block marked held behind the views' back.
-    let id = *c.views.as_ref().unwrap().free_at.get(&BASE).unwrap();
+    let id = c.free_block_around(BASE, 1).unwrap();
     let b = c.blocks.get(id).clone();
     c.free_remove(b.pool.index(), &(b.stream, b.size, b.address, id));
     c.blocks.get_mut(id).state = H;
