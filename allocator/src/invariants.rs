@@ -957,10 +957,38 @@ fn check_views(
             "the views' bytes are not their sum, or pass the cap",
         ));
     }
-    let mut slots: Vec<u64> = views.by_home.iter().map(|&(home, _)| home).collect();
-    slots.sort_unstable();
+    // The home slots by range: per slot, the views mapping it, and its bit.
+    let mut counts: std::collections::BTreeMap<(u64, usize), u32> = Default::default();
+    for view in views.views.values() {
+        for &(base, home) in &view.homes {
+            *counts
+                .entry((base, ((home - base) / page) as usize))
+                .or_default() += 1;
+        }
+    }
+    let listed: usize = views
+        .home_slots
+        .values()
+        .map(|h| h.counts.iter().filter(|&&c| c > 0).count())
+        .sum();
+    let slots_agree = listed == counts.len()
+        && counts.iter().all(|(&(base, i), &n)| {
+            views.home_slots.get(&base).is_some_and(|h| {
+                h.counts.get(i) == Some(&n)
+                    && h.bits.get(i / 64).is_some_and(|w| w >> (i % 64) & 1 == 1)
+            })
+        })
+        && views.home_slots.values().all(|h| {
+            !h.is_empty()
+                && h.total == h.counts.iter().map(|&c| u64::from(c)).sum::<u64>()
+                && h.bits
+                    .iter()
+                    .map(|w| w.count_ones() as usize)
+                    .sum::<usize>()
+                    == h.counts.iter().filter(|&&c| c > 0).count()
+        });
     if views.by_home.len() != homes_total
-        || slots != views.home_slots
+        || !slots_agree
         || views.free_by_size.len() + views.by_allocation.len() != views.views.len()
         || views.lru.len() != views.free_by_size.len()
     {

@@ -78,6 +78,67 @@ pub(crate) struct InUse {
     pub pieces: Vec<BlockId>,
 }
 
+/// The home slots of one range (rule 23a): by slot number, `(slot − range start) / P`.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RangeHomes {
+    /// How many views map each slot.
+    pub counts: Vec<u32>,
+    /// A bit per slot, set while its count is not zero.
+    pub bits: Vec<u64>,
+    /// The sum of the counts.
+    pub total: u64,
+}
+
+impl RangeHomes {
+    /// One more view maps slot `i`.
+    fn add(&mut self, i: usize) {
+        if i >= self.counts.len() {
+            self.counts.resize(i + 1, 0);
+            self.bits.resize(i / 64 + 1, 0);
+        }
+        self.counts[i] += 1;
+        self.total += 1;
+        self.bits[i / 64] |= 1 << (i % 64);
+    }
+
+    /// One view fewer maps slot `i` (which one maps).
+    fn remove(&mut self, i: usize) {
+        debug_assert!(
+            self.counts.get(i).is_some_and(|&c| c > 0),
+            "every home is listed"
+        );
+        self.counts[i] -= 1;
+        self.total -= 1;
+        if self.counts[i] == 0 {
+            self.bits[i / 64] &= !(1 << (i % 64));
+        }
+    }
+
+    /// Whether any of the slots `first..end` is mapped by a view.
+    fn any(&self, first: usize, end: usize) -> bool {
+        let end = end.min(self.counts.len());
+        if first >= end {
+            return false;
+        }
+        let (w0, w1) = (first / 64, (end - 1) / 64);
+        (w0..=w1).any(|w| {
+            let mut word = self.bits[w];
+            if w == w0 {
+                word &= u64::MAX << (first % 64);
+            }
+            if w == w1 && end % 64 != 0 {
+                word &= u64::MAX >> (64 - end % 64);
+            }
+            word != 0
+        })
+    }
+
+    /// Whether no slot is mapped by any view.
+    pub fn is_empty(&self) -> bool {
+        self.total == 0
+    }
+}
+
 /// Every view, and the indexes of rule 23 (the module's documentation says which and why).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Views {
@@ -89,10 +150,11 @@ pub(crate) struct Views {
     pub free_by_size: BTreeSet<(StreamId, u64, u64)>,
     /// Every view's home slots: `(slot, number)`.
     pub by_home: BTreeSet<(u64, u64)>,
-    /// The same homes' slots alone, sorted, once per view mapping them: the hot question of
-    /// [`CachingCore::free_insert`] (does a free block hold a home?) as one binary search.
-    /// Changed only when a view is made or destroyed.
-    pub home_slots: Vec<u64>,
+    /// The same homes by range (its first address): per page slot of the range, how many
+    /// views map it, and a bit per slot set while any does. The hot question of
+    /// [`CachingCore::free_insert`] (does a free block hold a home?) is a scan of the block's
+    /// slots' bits, 64 at a time. Changed only when a view is made or destroyed.
+    pub home_slots: FxHashMap<u64, RangeHomes>,
     /// The free views by `(stamp, number)`: least recently handed out first.
     pub lru: BTreeSet<(u64, u64)>,
     /// The views in use by their allocation's block.
@@ -123,6 +185,17 @@ impl Views {
             page,
             ..Views::default()
         }
+    }
+
+    /// The number of the first slot at or after `offset` bytes into a range: `⌈offset / P⌉`
+    /// (a shift when `P` is a power of two, as it is unless set otherwise).
+    #[inline]
+    fn slots_from(&self, offset: u64) -> usize {
+        (if self.page.is_power_of_two() {
+            (offset + self.page - 1) >> self.page.trailing_zeros()
+        } else {
+            offset.div_ceil(self.page)
+        }) as usize
     }
 
     fn tick(&mut self) -> u64 {
@@ -236,19 +309,16 @@ impl<B: Backend> CachingCore<B> {
         let Some(v) = &self.views else {
             return false;
         };
-        let (address, size) = (key.2, key.1);
-        // Homes are slots of ranges whose page is P: a block of a range in which no slot
-        // starts (most small blocks) holds none, without the search.
-        if let Some(base) = self.blocks.get(key.3).range {
-            let offset = address - base;
-            if offset.div_ceil(v.page) * v.page >= offset + size {
-                return false;
-            }
-        }
-        let i = v.home_slots.partition_point(|&h| h < address);
-        v.home_slots
-            .get(i)
-            .is_some_and(|&h| h < address.saturating_add(size))
+        // Homes are slots of ranges (whose page is P): a block of a range holds one when a
+        // slot some view maps starts inside it. A block of a segment holds none.
+        let Some(base) = self.blocks.get(key.3).range else {
+            return false;
+        };
+        let Some(homes) = v.home_slots.get(&base) else {
+            return false;
+        };
+        let offset = key.2 - base;
+        homes.any(v.slots_from(offset), v.slots_from(offset + key.1))
     }
 
     /// The free block (of a free set) holding `[address, address + len)` wholly, if any.
@@ -554,12 +624,13 @@ impl<B: Backend> CachingCore<B> {
         let seq = v.next;
         v.next += 1;
         let stamp = v.tick();
-        for &(_, home) in &homes {
+        for &(base, home) in &homes {
             v.by_home.insert((home, seq));
+            v.home_slots
+                .entry(base)
+                .or_default()
+                .add(((home - base) / page) as usize);
         }
-        let mut added: Vec<u64> = homes.iter().map(|&(_, home)| home).collect();
-        added.sort_unstable();
-        merge_sorted(&mut v.home_slots, &added);
         for (end, id) in sources {
             if !v.is_indexed(id) {
                 v.index(end, id);
@@ -630,11 +701,15 @@ impl<B: Backend> CachingCore<B> {
         let view = v.views.remove(&seq).expect("the view exists");
         v.free_by_size.remove(&(stream, n, seq));
         v.lru.remove(&(view.stamp, seq));
-        for &(_, home) in &view.homes {
+        let page = v.page;
+        for &(base, home) in &view.homes {
             v.by_home.remove(&(home, seq));
-            let i = v.home_slots.partition_point(|&h| h < home);
-            debug_assert_eq!(v.home_slots.get(i), Some(&home), "every home is listed");
-            v.home_slots.remove(i);
+            if let Some(homes) = v.home_slots.get_mut(&base) {
+                homes.remove(((home - base) / page) as usize);
+                if homes.is_empty() {
+                    v.home_slots.remove(&base);
+                }
+            }
         }
         v.bytes -= bytes;
         self.backend.release_reservation(address, bytes)?;
@@ -702,21 +777,6 @@ impl<B: Backend> CachingCore<B> {
         self.views
             .as_ref()
             .map_or((0, 0), |v| (v.views.len(), v.by_allocation.len()))
-    }
-}
-
-/// Merges the sorted `added` into the sorted `into`, keeping it sorted: from the back, each
-/// added value's place found by a binary search and the values above it moved up in one copy.
-/// A sort of the whole list for every view made was most of the second pass's time on
-/// programs that make hundreds of views.
-fn merge_sorted(into: &mut Vec<u64>, added: &[u64]) {
-    let mut end = into.len();
-    into.resize(end + added.len(), 0);
-    for (k, &value) in added.iter().enumerate().rev() {
-        let at = into[..end].partition_point(|&h| h <= value);
-        into.copy_within(at..end, at + k + 1);
-        into[at + k] = value;
-        end = at;
     }
 }
 

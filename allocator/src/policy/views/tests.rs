@@ -957,18 +957,30 @@ fn rule_23k_an_injected_recording_fault_fails_the_wait_of_a_hand_out_on_the_simu
 }
 
 proptest::proptest! {
-    /// The home-slot list's merge (rule 23's hot index, kept sorted as views are made) agrees
-    /// with sorting the concatenation, duplicates and every relative position included.
+    /// The home slots of a range (rule 23's hot index: does a free block hold a slot some view
+    /// maps?) agree with counting the views over every slot, as views are made and destroyed,
+    /// for every window of slots, word boundaries included.
     #[test]
-    fn the_home_slot_merge_keeps_the_list_sorted_with_every_value(
-        mut into in proptest::collection::vec(0u64..64, 0..17),
-        mut added in proptest::collection::vec(0u64..64, 0..11),
+    fn the_home_slot_bits_answer_as_counting_every_slot(
+        changes in proptest::collection::vec((0usize..200, proptest::bool::ANY), 0..60),
+        windows in proptest::collection::vec((0usize..210, 0usize..80), 1..20),
     ) {
-        into.sort_unstable();
-        added.sort_unstable();
-        let mut expected = [into.clone(), added.clone()].concat();
-        expected.sort_unstable();
-        super::merge_sorted(&mut into, &added);
-        proptest::prop_assert_eq!(into, expected);
+        let mut homes = super::RangeHomes::default();
+        let mut counts = vec![0u32; 200];
+        for (slot, add) in changes {
+            if add {
+                homes.add(slot);
+                counts[slot] += 1;
+            } else if counts[slot] > 0 {
+                homes.remove(slot);
+                counts[slot] -= 1;
+            }
+        }
+        for (first, len) in windows {
+            let end = first + len;
+            let expected = (first..end.min(200)).any(|i| counts[i] > 0);
+            proptest::prop_assert_eq!(homes.any(first, end), expected);
+        }
+        proptest::prop_assert_eq!(homes.is_empty(), counts.iter().all(|&c| c == 0));
     }
 }
