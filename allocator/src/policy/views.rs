@@ -126,7 +126,7 @@ impl RangeHomes {
             if w == w0 {
                 word &= u64::MAX << (first % 64);
             }
-            if w == w1 && end % 64 != 0 {
+            if w == w1 && !end.is_multiple_of(64) {
                 word &= u64::MAX >> (64 - end % 64);
             }
             word != 0
