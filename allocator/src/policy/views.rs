@@ -226,17 +226,12 @@ impl Views {
     /// after), else as a new key.
     #[inline]
     pub(super) fn index(&mut self, end: u64, id: BlockId) {
-        match self.deferred {
-            Some((e, _)) if e == end => {
-                self.deferred = None;
-                // The deferred entry is still in the map (a stitched view's sources may have
-                // replaced its value since): it is the block's now.
-                self.free_at.insert(end, id);
-            }
-            _ => {
-                self.free_at.insert(end, id);
-            }
+        if matches!(self.deferred, Some((e, _)) if e == end) {
+            // The deferred entry is still in the map: its value becomes this block (an insert
+            // at a present key replaces the value, no node changes).
+            self.deferred = None;
         }
+        self.free_at.insert(end, id);
         self.set_indexed(id, true);
     }
 
@@ -253,7 +248,7 @@ impl Views {
     }
 
     /// Makes the deferred removal, if any (its entry may have been taken over since).
-    pub(super) fn flush_deferred(&mut self) {
+    fn flush_deferred(&mut self) {
         if let Some((end, id)) = self.deferred.take()
             && let Entry::Occupied(e) = self.free_at.entry(end)
             && *e.get() == id
