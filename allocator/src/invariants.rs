@@ -966,12 +966,12 @@ fn check_views(
                 .or_default() += 1;
         }
     }
-    let listed: usize = views
+    let slots_listed: usize = views
         .home_slots
         .values()
         .map(|h| h.counts.iter().filter(|&&c| c > 0).count())
         .sum();
-    let slots_agree = listed == counts.len()
+    let slots_agree = slots_listed == counts.len()
         && counts.iter().all(|(&(base, i), &n)| {
             views.home_slots.get(&base).is_some_and(|h| {
                 h.counts.get(i) == Some(&n)
