@@ -188,7 +188,8 @@ impl Views {
     }
 
     /// The number of the first slot at or after `offset` bytes into a range: `⌈offset / P⌉`
-    /// (a shift when `P` is a power of two, as it is unless set otherwise).
+    /// (a shift when `P` is a power of two, as it is unless set otherwise); a home's own slot
+    /// number, since homes start their slots.
     #[inline]
     fn slots_from(&self, offset: u64) -> usize {
         (if self.page.is_power_of_two() {
@@ -621,10 +622,8 @@ impl<B: Backend> CachingCore<B> {
         let stamp = v.tick();
         for &(base, home) in &homes {
             v.by_home.insert((home, seq));
-            v.home_slots
-                .entry(base)
-                .or_default()
-                .add(((home - base) / page) as usize);
+            let slot = v.slots_from(home - base);
+            v.home_slots.entry(base).or_default().add(slot);
         }
         for (end, id) in sources {
             if !v.is_indexed(id) {
@@ -696,11 +695,11 @@ impl<B: Backend> CachingCore<B> {
         let view = v.views.remove(&seq).expect("the view exists");
         v.free_by_size.remove(&(stream, n, seq));
         v.lru.remove(&(view.stamp, seq));
-        let page = v.page;
         for &(base, home) in &view.homes {
             v.by_home.remove(&(home, seq));
+            let slot = v.slots_from(home - base);
             if let Some(homes) = v.home_slots.get_mut(&base) {
-                homes.remove(((home - base) / page) as usize);
+                homes.remove(slot);
                 if homes.is_empty() {
                     v.home_slots.remove(&base);
                 }
