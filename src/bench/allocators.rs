@@ -137,8 +137,17 @@ impl<B: Backend> BenchTarget for CachalotTarget<B> {
         Some((
             s.num_device_alloc + s.num_device_free,
             format!(
-                "device allocs {}, frees {}, map steps {} ({} handles), unmaps {}",
-                c.allocs, c.frees, c.maps, c.handles, c.unmaps
+                "device allocs {}, frees {}, map steps {} ({} handles, {} pages mapped again), \
+                 unmaps {} ({} pages), reservations {} made, {} freed",
+                c.allocs,
+                c.frees,
+                c.maps,
+                c.handles,
+                c.alias_pages,
+                c.unmaps,
+                c.unmapped_pages,
+                c.reserves,
+                c.reservation_frees
             ),
         ))
     }

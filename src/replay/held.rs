@@ -31,6 +31,16 @@ pub struct DeviceCalls {
     /// `map_handle` — on a GPU each is a `cuMemCreate`, a `cuMemMap` and a `cuMemSetAccess`,
     /// whatever the step counts say.
     pub handles: u64,
+    /// Pages the `alias` calls mapped a second time (rule 22h, and rule 23's views): on a GPU
+    /// each is a `cuMemMap` of an existing handle and its share of a `cuMemSetAccess`.
+    pub alias_pages: u64,
+    /// Pages the `unmap` steps unmapped: on a GPU each is a `cuMemUnmap`, and a
+    /// `cuMemRelease` when it was the handle's last mapping.
+    pub unmapped_pages: u64,
+    /// Address ranges reserved (`cuMemAddressReserve`).
+    pub reserves: u64,
+    /// Address ranges given back (`cuMemAddressFree`).
+    pub reservation_frees: u64,
 }
 
 /// `B` with the program's streams mapped to `B`'s and held-back frees completed by the program.
@@ -87,6 +97,16 @@ impl<B: Backend> HeldBackDevice<B> {
     /// The successful device calls so far.
     pub fn calls(&self) -> DeviceCalls {
         self.calls
+    }
+
+    /// The page of the reservation holding `address` (`size` itself for an address outside
+    /// every reservation this device made, so that it counts as one page).
+    fn page_at(&self, address: u64, size: u64) -> u64 {
+        self.reservations
+            .range(..=address)
+            .next_back()
+            .map_or(size, |(_, &(_, page))| page)
+            .max(1)
     }
 
     fn real_stream(&self, stream: StreamId) -> StreamId {
@@ -159,12 +179,14 @@ impl<B: Backend> Backend for HeldBackDevice<B> {
     fn reserve(&mut self, size: u64, page: u64) -> Result<u64, BackendError> {
         let address = self.inner.reserve(size, page)?;
         self.reservations.insert(address, (size, page));
+        self.calls.reserves += 1;
         Ok(address)
     }
 
     fn release_reservation(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
         self.inner.release_reservation(address, size)?;
         self.reservations.remove(&address);
+        self.calls.reservation_frees += 1;
         Ok(())
     }
 
@@ -173,12 +195,7 @@ impl<B: Backend> Backend for HeldBackDevice<B> {
         let r = self.inner.map(address, size);
         if r.is_ok() {
             self.calls.maps += 1;
-            let page = self
-                .reservations
-                .range(..=address)
-                .next_back()
-                .map_or(size, |(_, &(_, page))| page.max(1));
-            self.calls.handles += size.div_ceil(page);
+            self.calls.handles += size.div_ceil(self.page_at(address, size));
         }
         r
     }
@@ -195,14 +212,20 @@ impl<B: Backend> Backend for HeldBackDevice<B> {
 
     fn unmap(&mut self, address: u64, size: u64, stream: StreamId) -> Result<(), BackendError> {
         let r = self.inner.unmap(address, size, self.real_stream(stream));
-        self.calls.unmaps += u64::from(r.is_ok());
+        if r.is_ok() {
+            self.calls.unmaps += 1;
+            self.calls.unmapped_pages += size.div_ceil(self.page_at(address, size));
+        }
         r
     }
 
     /// Page aliasing (rule 22h): `B`'s, counted as a map step.
     fn alias(&mut self, address: u64, source: u64, size: u64) -> Result<(), BackendError> {
         let r = self.inner.alias(address, source, size);
-        self.calls.maps += u64::from(r.is_ok());
+        if r.is_ok() {
+            self.calls.maps += 1;
+            self.calls.alias_pages += size.div_ceil(self.page_at(address, size));
+        }
         r
     }
 
@@ -211,5 +234,48 @@ impl<B: Backend> Backend for HeldBackDevice<B> {
     fn wait_stream(&mut self, waiter: StreamId, on: StreamId) -> Result<(), BackendError> {
         let (waiter, on) = (self.real_stream(waiter), self.real_stream(on));
         self.inner.wait_stream(waiter, on)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cachalot::SimDevice;
+
+    const PAGE: u64 = 2 << 20;
+
+    /// Every kind of mapping work is counted by its pages, as the GPU pays for it: new
+    /// handles, pages mapped a second time, pages unmapped, and address ranges.
+    #[test]
+    fn the_counts_name_every_page_mapped_again_and_unmapped() {
+        let mut d = HeldBackDevice::new(
+            SimDevice::new(1 << 30),
+            HashMap::new(),
+            None,
+            SimDevice::complete_stream,
+        );
+        let home = d.reserve(8 * PAGE, PAGE).unwrap();
+        d.map(home, 3 * PAGE).unwrap();
+        let view = d.reserve(4 * PAGE, PAGE).unwrap();
+        d.alias(view, home + PAGE, 2 * PAGE).unwrap();
+        // A refused call counts nothing: the view's pages are mapped already.
+        assert!(d.alias(view, home, PAGE).is_err());
+        d.unmap(view, 2 * PAGE, StreamId(0)).unwrap();
+        d.unmap(home, 3 * PAGE, StreamId(0)).unwrap();
+        d.release_reservation(view, 4 * PAGE).unwrap();
+        assert_eq!(
+            d.calls(),
+            DeviceCalls {
+                allocs: 0,
+                frees: 0,
+                maps: 2,
+                unmaps: 2,
+                handles: 3,
+                alias_pages: 2,
+                unmapped_pages: 5,
+                reserves: 2,
+                reservation_frees: 1,
+            }
+        );
     }
 }
