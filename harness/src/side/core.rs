@@ -3,7 +3,7 @@
 
 use cachalot::sizes::Pool;
 use cachalot::{
-    AdoptedBlock, AdoptedRange, AdoptedSegment, AdoptedState, BackendError, BlockPhase,
+    AdoptedBlock, AdoptedRange, AdoptedSegment, AdoptedState, BackendError, BlockInfo, BlockPhase,
     CachingCore, Error, Faults, SegmentInfo, Settings, SimDevice, StreamId,
 };
 
@@ -183,37 +183,46 @@ pub(super) fn outcome<T>(r: Result<T, Error>, value: impl Fn(T) -> u64) -> Outco
 /// The allocator's layout in the common form.
 pub(super) fn layout(segments: Vec<SegmentInfo>) -> Vec<SegmentView> {
     segments
-        .into_iter()
+        .iter()
         .map(|s| SegmentView {
-            address: s.address,
-            size: s.size,
-            stream: s.stream.0,
-            small: s.pool == Pool::Small,
-            expandable: s.expandable,
-            blocks: s
-                .blocks
-                .iter()
-                .map(|b| {
-                    let kind = match b.state {
-                        BlockPhase::Free => BlockKind::Free,
-                        BlockPhase::Allocated => BlockKind::Allocated,
-                        BlockPhase::Pending => BlockKind::Pending,
-                        BlockPhase::Held => BlockKind::Held,
-                    };
-                    BlockView {
-                        address: b.address,
-                        size: b.size,
-                        requested: if kind == BlockKind::Free {
-                            0
-                        } else {
-                            b.requested
-                        },
-                        kind,
-                    }
-                })
-                .collect(),
+            blocks: s.blocks.iter().map(block_view).collect(),
+            ..segment_head(s)
         })
         .collect()
+}
+
+/// One of the allocator's segments in the common form, without its blocks (an empty `Vec`,
+/// which allocates nothing): [`layout`] and the driver's quick comparison
+/// ([`super::quick`]) convert through this one function.
+pub(super) fn segment_head(s: &SegmentInfo) -> SegmentView {
+    SegmentView {
+        address: s.address,
+        size: s.size,
+        stream: s.stream.0,
+        small: s.pool == Pool::Small,
+        expandable: s.expandable,
+        blocks: Vec::new(),
+    }
+}
+
+/// One of the allocator's blocks in the common form ([`layout`] and [`super::quick`]).
+pub(super) fn block_view(b: &BlockInfo) -> BlockView {
+    let kind = match b.state {
+        BlockPhase::Free => BlockKind::Free,
+        BlockPhase::Allocated => BlockKind::Allocated,
+        BlockPhase::Pending => BlockKind::Pending,
+        BlockPhase::Held => BlockKind::Held,
+    };
+    BlockView {
+        address: b.address,
+        size: b.size,
+        requested: if kind == BlockKind::Free {
+            0
+        } else {
+            b.requested
+        },
+        kind,
+    }
 }
 
 /// A device call the fault harness can make fail.
@@ -316,6 +325,11 @@ impl CoreSide {
         )
     }
 
+    /// The allocator core itself (the driver's quick comparison reads it directly).
+    pub(super) fn core(&self) -> &CachingCore<SimDevice> {
+        &self.core
+    }
+
     /// Reserved bytes by the core's statistics.
     pub fn reserved_bytes(&self) -> i64 {
         self.core.stats().reserved_bytes.all.current
@@ -393,6 +407,10 @@ impl Side for CoreSide {
 
     fn check_invariants(&self) -> Result<(), String> {
         self.check_invariants_on(&self.layout())
+    }
+
+    fn as_core(&self) -> Option<&CoreSide> {
+        Some(self)
     }
 }
 

@@ -9,6 +9,7 @@
 
 mod core;
 mod model;
+pub mod quick;
 mod threads;
 
 pub use self::core::{CoreSide, FaultKind, adoption_from_allocator, adoption_from_allocator_range};
@@ -374,6 +375,18 @@ pub trait Side {
 
     /// The side's own invariant checks.
     fn check_invariants(&self) -> Result<(), String>;
+
+    /// This side as the allocator core, if it is one: with [`Side::as_model`] of the other
+    /// side, the driver compares the two by [`quick::same_observed`] instead of building
+    /// both observations after every step.
+    fn as_core(&self) -> Option<&CoreSide> {
+        None
+    }
+
+    /// This side as the model, if it is one ([`Side::as_core`]).
+    fn as_model(&self) -> Option<&ModelSide> {
+        None
+    }
 }
 
 /// Compares two observations; the error names what differs.

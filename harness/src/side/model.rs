@@ -99,6 +99,41 @@ fn outcome<T>(r: Result<T, ModelError>, value: impl Fn(T) -> u64) -> Outcome {
     }
 }
 
+/// One of the model's segments in the common form, without its blocks (an empty `Vec`, which
+/// allocates nothing): [`ModelSide`]'s observation and the driver's quick comparison
+/// ([`super::quick`]) convert through this one function.
+pub(super) fn segment_head(s: &cachalot_model::ModelSegment) -> SegmentView {
+    SegmentView {
+        address: s.address,
+        size: s.size,
+        stream: s.stream,
+        small: s.small,
+        expandable: s.expandable,
+        blocks: Vec::new(),
+    }
+}
+
+/// One of the model's blocks in the common form ([`ModelSide`]'s observation and
+/// [`super::quick`]).
+pub(super) fn block_view(b: &cachalot_model::ModelBlock) -> BlockView {
+    let kind = match b.state {
+        cachalot_model::BlockState::Free => BlockKind::Free,
+        cachalot_model::BlockState::Allocated => BlockKind::Allocated,
+        cachalot_model::BlockState::Pending => BlockKind::Pending,
+        cachalot_model::BlockState::Held => BlockKind::Held,
+    };
+    BlockView {
+        address: b.address,
+        size: b.size,
+        requested: if matches!(kind, BlockKind::Free | BlockKind::Held) {
+            0
+        } else {
+            b.requested
+        },
+        kind,
+    }
+}
+
 /// The reference model: rules 1–16 alone, or with rule 17's thread caches.
 pub struct ModelSide {
     model: Model,
@@ -219,35 +254,10 @@ impl Side for ModelSide {
         let layout = self
             .model
             .layout()
-            .into_iter()
+            .iter()
             .map(|s| SegmentView {
-                address: s.address,
-                size: s.size,
-                stream: s.stream,
-                small: s.small,
-                expandable: s.expandable,
-                blocks: s
-                    .blocks
-                    .iter()
-                    .map(|b| {
-                        let kind = match b.state {
-                            cachalot_model::BlockState::Free => BlockKind::Free,
-                            cachalot_model::BlockState::Allocated => BlockKind::Allocated,
-                            cachalot_model::BlockState::Pending => BlockKind::Pending,
-                            cachalot_model::BlockState::Held => BlockKind::Held,
-                        };
-                        BlockView {
-                            address: b.address,
-                            size: b.size,
-                            requested: if matches!(kind, BlockKind::Free | BlockKind::Held) {
-                                0
-                            } else {
-                                b.requested
-                            },
-                            kind,
-                        }
-                    })
-                    .collect(),
+                blocks: s.blocks.iter().map(block_view).collect(),
+                ..segment_head(s)
             })
             .collect();
         Ok(Observation {
@@ -264,5 +274,9 @@ impl Side for ModelSide {
 
     fn check_invariants(&self) -> Result<(), String> {
         self.model.check_invariants().map_err(|e| e.to_string())
+    }
+
+    fn as_model(&self) -> Option<&ModelSide> {
+        Some(self)
     }
 }
