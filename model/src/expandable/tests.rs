@@ -820,3 +820,81 @@ fn an_adopted_range_may_end_with_an_unmapped_block_reaching_its_end_but_none_bef
     ));
     assert!(m.device.reservations().is_empty());
 }
+
+#[test]
+fn an_adopted_range_refuses_a_block_of_no_bytes_or_not_a_multiple_of_512() {
+    // Rule 18a's block sizes, for a range (rule 18f): every block a nonzero multiple of 512,
+    // even where the blocks still tile the range exactly.
+    let capacity = 64 * MIB;
+    let page = 20 * MIB;
+    let size = range_size(page, capacity).unwrap();
+    let address = 1 << 40;
+    let range = |first: u64| crate::AdoptedRange {
+        address,
+        stream: 0,
+        small: false,
+        blocks: vec![
+            AdoptedBlock {
+                size: first,
+                state: AdoptedState::Free,
+            },
+            AdoptedBlock {
+                size: page - first,
+                state: AdoptedState::Allocated {
+                    requested: page - first,
+                },
+            },
+            AdoptedBlock {
+                size: size - page,
+                state: AdoptedState::Unmapped,
+            },
+        ],
+    };
+    for first in [0, 100] {
+        let mut m = model(capacity);
+        let err = m.adopt_range(range(first)).unwrap_err();
+        assert!(
+            matches!(err, ModelError::InvalidAdoption { .. })
+                && err.to_string().contains("nonzero multiple of 512"),
+            "{first}: {err}"
+        );
+        assert!(m.device.reservations().is_empty());
+    }
+    // The same range with a first block of 512 bytes is adopted.
+    let mut m = model(capacity);
+    m.adopt_range(range(512)).unwrap();
+    m.check_invariants().unwrap();
+}
+
+#[test]
+fn rule_19s_page_is_an_even_number_of_mebibytes_from_2_to_1024() {
+    let mut c = config(64 * MIB);
+    for (page, valid) in [
+        (0, false),
+        (MIB, false),
+        (2 * MIB, true),
+        (3 * MIB, false),
+        (20 * MIB, true),
+        (1024 * MIB, true),
+        (1026 * MIB, false),
+    ] {
+        c.expandable_page = page;
+        assert_eq!(c.expandable_page_is_valid(), valid, "{page}");
+    }
+}
+
+#[test]
+fn the_checker_catches_segments_out_of_address_order() {
+    // Two streams, two ranges, in address order; swapped, the invariant checks
+    // (`check_segments`) refuse them.
+    let mut m = model(64 * MIB);
+    malloc(&mut m, 4 * MIB, 0).unwrap();
+    malloc(&mut m, 4 * MIB, 1).unwrap();
+    m.check_invariants().unwrap();
+    assert_eq!(m.segments.len(), 2);
+    m.segments.swap(0, 1);
+    assert!(matches!(
+        m.check_invariants(),
+        Err(crate::invariants::InvariantViolation::SegmentsOutOfOrder { .. })
+    ));
+}

@@ -764,3 +764,23 @@ fn while_stitching_rule_20_reclaims_only_the_requests_pool() {
     assert_eq!(m.views.len(), 1);
     free(&mut m, e);
 }
+
+#[test]
+fn the_checker_catches_a_held_piece_that_is_unmapped_or_keeps_a_requested_size() {
+    // Rule 23b: a held piece is mapped, with requested size 0 and no other stream's use; the
+    // invariant checks (`check_views`) refuse one that is not mapped, or keeps a requested
+    // size.
+    let mut m = all_free();
+    let _d = malloc(&mut m, 3 * MIB);
+    check(&m);
+    let i = m.segments[0]
+        .blocks
+        .iter()
+        .position(|b| b.state == BlockState::Held)
+        .expect("a held piece");
+    let mut unmapped = m.clone();
+    unmapped.segments[0].blocks[i].mapped = false;
+    assert!(unmapped.check_invariants().is_err());
+    m.segments[0].blocks[i].requested = 512;
+    assert!(m.check_invariants().is_err());
+}
