@@ -898,3 +898,25 @@ fn the_checker_catches_segments_out_of_address_order() {
         Err(crate::invariants::InvariantViolation::SegmentsOutOfOrder { .. })
     ));
 }
+
+#[test]
+fn rule_1s_limit_admits_a_request_of_exactly_2_to_the_60_bytes() {
+    // Sizes in (0, 2^60] are requests (then out of memory on this device); above, too large.
+    for expandable in [false, true] {
+        let mut c = ModelConfig::pytorch_defaults(64 * MIB);
+        c.expandable_segments = expandable;
+        let mut m = Model::new(c);
+        assert!(
+            matches!(
+                m.malloc(crate::MAX_ALLOC_SIZE, 0),
+                Err(ModelError::OutOfMemory { .. })
+            ),
+            "{expandable}"
+        );
+        assert!(matches!(
+            m.malloc(crate::MAX_ALLOC_SIZE + 1, 0),
+            Err(ModelError::TooLarge { .. })
+        ));
+        m.check_invariants().unwrap();
+    }
+}
