@@ -784,27 +784,40 @@ fn the_whole_handles_of_a_free_block_run_from_the_first_inside_to_the_end_of_the
     free(&mut m, a);
 }
 
-#[test]
-fn an_adopted_range_may_end_with_an_unmapped_block_reaching_its_end_but_none_before_an_unmapped_rest()
- {
-    let capacity = 64 * MIB;
-    let page = 20 * MIB;
-    let size = range_size(page, capacity).unwrap();
-    let address = 1 << 40;
-    let range = |unmapped: u64| crate::AdoptedRange {
+/// The adopted-range tests' device and range: (capacity, page, range size, address).
+fn large_range_facts() -> (u64, u64, u64, u64) {
+    let (capacity, page) = (64 * MIB, 20 * MIB);
+    (capacity, page, range_size(page, capacity).unwrap(), 1 << 40)
+}
+
+/// A large-pool range of stream 0 at `address` with `blocks`, to adopt.
+fn large_range(address: u64, blocks: Vec<AdoptedBlock>) -> crate::AdoptedRange {
+    crate::AdoptedRange {
         address,
         stream: 0,
         small: false,
-        blocks: vec![
-            AdoptedBlock {
-                size: page,
-                state: AdoptedState::Allocated { requested: page },
-            },
-            AdoptedBlock {
-                size: unmapped,
-                state: AdoptedState::Unmapped,
-            },
-        ],
+        blocks,
+    }
+}
+
+#[test]
+fn an_adopted_range_may_end_with_an_unmapped_block_reaching_its_end_but_none_before_an_unmapped_rest()
+ {
+    let (capacity, page, size, address) = large_range_facts();
+    let range = |unmapped: u64| {
+        large_range(
+            address,
+            vec![
+                AdoptedBlock {
+                    size: page,
+                    state: AdoptedState::Allocated { requested: page },
+                },
+                AdoptedBlock {
+                    size: unmapped,
+                    state: AdoptedState::Unmapped,
+                },
+            ],
+        )
     };
     // The blocks cover the whole range: no rest follows the unmapped block.
     let mut m = model(capacity);
@@ -825,30 +838,27 @@ fn an_adopted_range_may_end_with_an_unmapped_block_reaching_its_end_but_none_bef
 fn an_adopted_range_refuses_a_block_of_no_bytes_or_not_a_multiple_of_512() {
     // Rule 18a's block sizes, for a range (rule 18f): every block a nonzero multiple of 512,
     // even where the blocks still tile the range exactly.
-    let capacity = 64 * MIB;
-    let page = 20 * MIB;
-    let size = range_size(page, capacity).unwrap();
-    let address = 1 << 40;
-    let range = |first: u64| crate::AdoptedRange {
-        address,
-        stream: 0,
-        small: false,
-        blocks: vec![
-            AdoptedBlock {
-                size: first,
-                state: AdoptedState::Free,
-            },
-            AdoptedBlock {
-                size: page - first,
-                state: AdoptedState::Allocated {
-                    requested: page - first,
+    let (capacity, page, size, address) = large_range_facts();
+    let range = |first: u64| {
+        large_range(
+            address,
+            vec![
+                AdoptedBlock {
+                    size: first,
+                    state: AdoptedState::Free,
                 },
-            },
-            AdoptedBlock {
-                size: size - page,
-                state: AdoptedState::Unmapped,
-            },
-        ],
+                AdoptedBlock {
+                    size: page - first,
+                    state: AdoptedState::Allocated {
+                        requested: page - first,
+                    },
+                },
+                AdoptedBlock {
+                    size: size - page,
+                    state: AdoptedState::Unmapped,
+                },
+            ],
+        )
     };
     for first in [0, 100] {
         let mut m = model(capacity);
