@@ -401,6 +401,40 @@ fn garbage_collection_releases_the_older_cached_segments() {
 }
 
 #[test]
+fn garbage_collection_stops_once_exactly_the_target_is_reclaimed() {
+    // Rule 12's loop runs while less than the target is reclaimed: a first round that reclaims
+    // exactly the target is the last. 1,000 MiB allowed, collected above 500; blocks of 21 MiB
+    // or more are not split for smaller requests, so the 12 MiB requests make segments of their
+    // own and leave the old free segment whole.
+    let mut config = ModelConfig::pytorch_defaults(1000 * MIB);
+    config.memory_fraction = Some(1.0);
+    config.garbage_collection_threshold = 0.5;
+    config.max_split_size = 21 * MIB;
+    let mut m = Checked::new(config);
+    let old = m.alloc(40 * MIB, 0);
+    let young = m.alloc(20 * MIB, 0);
+    m.free(old);
+    // Three searches age the old free segment; the young one is freed after them.
+    for _ in 0..3 {
+        m.alloc(12 * MIB, 0);
+    }
+    m.free(young);
+    // 40 + 20 + 3 × 12 + 444 = 540 MiB reserved: 40 above the threshold.
+    m.alloc(444 * MIB, 0);
+    assert_eq!(m.allocated_reserved().1, 540 * MIB as i64);
+    // No cached block fits 60 MiB: the first round releases the old segment (40 MiB, at least
+    // as old as the mean), which is exactly the target, so the young one stays cached.
+    m.alloc(60 * MIB, 0);
+    let left: Vec<u64> = m.0.layout().iter().map(|s| s.address).collect();
+    assert!(!left.contains(&old), "the old free segment is collected");
+    assert!(
+        left.contains(&young),
+        "a round past the target collected the young segment too"
+    );
+    assert_eq!(m.allocated_reserved().1, 560 * MIB as i64);
+}
+
+#[test]
 fn garbage_collection_needs_a_memory_fraction() {
     let mut config = ModelConfig::pytorch_defaults(GIB);
     config.garbage_collection_threshold = 0.01;

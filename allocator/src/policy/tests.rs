@@ -282,6 +282,43 @@ fn oversize_release_frees_the_largest_blocks_first_until_the_key_is_reached() {
     c.check_invariants().unwrap();
 }
 
+// --- rule 12: garbage collection -----------------------------------------------------------
+
+#[test]
+fn rule_12_stops_once_exactly_the_target_is_reclaimed() {
+    // A 1,000 MiB device, all of it allowed, collected above half of it; blocks of 21 MiB or
+    // more are not split for smaller requests (rule 6), so the 12 MiB requests below make
+    // segments of their own and leave the old free segment whole.
+    let mut settings = Settings::pytorch();
+    settings.set_garbage_collection_threshold(0.5).unwrap();
+    settings.set_max_split_size_mb(21).unwrap();
+    let mut c = CachingCore::new(SimDevice::new(1000 * MIB), settings).unwrap();
+    c.set_memory_fraction(1.0).unwrap();
+    let s = StreamId(0);
+    let old = c.malloc(40 * MIB, s).unwrap();
+    let young = c.malloc(20 * MIB, s).unwrap();
+    c.free(old).unwrap();
+    // Three searches age the old free segment; the young one is freed after them.
+    for _ in 0..3 {
+        c.malloc(12 * MIB, s).unwrap();
+    }
+    c.free(young).unwrap();
+    // 40 + 20 + 3 × 12 + 444 = 540 MiB reserved: 40 MiB above the threshold of 500.
+    c.malloc(444 * MIB, s).unwrap();
+    assert_eq!(c.stats().reserved_bytes.all.current, 540 * MIB as i64);
+    // No cached block fits 60 MiB: the collection's first round releases the segments at
+    // least as old as the mean (the old one, 40 MiB) and has then reclaimed exactly its
+    // target, so it stops: the young segment stays cached.
+    c.malloc(60 * MIB, s).unwrap();
+    let left: Vec<u64> = c.segments().iter().map(|g| g.address).collect();
+    assert!(!left.contains(&old), "the old free segment is collected");
+    assert!(
+        left.contains(&young),
+        "a round past the target collected the young segment too"
+    );
+    assert_eq!(c.stats().reserved_bytes.all.current, 560 * MIB as i64);
+}
+
 // --- rule 15: record_stream on the null address -----------------------------------------
 
 #[test]
