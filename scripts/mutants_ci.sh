@@ -5,10 +5,11 @@
 #
 #   scripts/mutants_ci.sh [BASE [TIP]]      default: the last commit (HEAD~1..HEAD)
 #
-#   MUTANTS_CI_MAX  at most this many mutants a crate (default 8, about a minute each on 2
-#          cores after a first build of 3-5 minutes): when the change has more, an evenly
-#          spread sample (shard k/n of scripts/mutants.sh, k taken from the tip's hash so that
-#          successive commits sample different ones) is run, and the output says so
+#   MUTANTS_CI_MAX  at most this many mutants a crate (default 8; on 2 cores about 40 s each
+#          for the allocator and 20 s for the model, after a first build of 3-5 minutes):
+#          when the change has more, an evenly spread sample (shard k/n of
+#          scripts/mutants.sh, k taken from the tip's hash so that successive commits sample
+#          different ones) is run, and the output says so
 #   OUT    folder for the results (default: a temporary folder, removed)
 #
 # A survivor is a rule nobody checks: write a test named for the rule that fails with the
