@@ -3,7 +3,7 @@
 //! filter into `n < 0` (never recording), which only the doc test caught before.
 #![cfg(not(loom))]
 
-use cachalot::{Allocator, Settings, SimDevice, StreamId};
+use cachalot::{Allocator, HistoryOptions, Settings, SimDevice, StreamId};
 
 #[test]
 fn record_history_some_positive_records_and_zero_or_none_stops() {
@@ -30,4 +30,19 @@ fn record_history_some_positive_records_and_zero_or_none_stops() {
     alloc.record_history(Some(10));
     alloc.record_history(None);
     assert!(alloc.history().is_empty());
+}
+
+/// `Allocator::history_options` says how the front end records: what the last
+/// `record_history_with` or `record_history` asked for, and `None` when it does not record.
+#[test]
+fn history_options_report_what_the_last_switch_asked_for() {
+    let alloc = Allocator::new(SimDevice::new(1 << 30), Settings::default()).unwrap();
+    assert_eq!(alloc.history_options(), None);
+    let traced = HistoryOptions::new(7).with_backtraces(true);
+    alloc.record_history_with(Some(traced));
+    assert_eq!(alloc.history_options(), Some(traced));
+    alloc.record_history(Some(3));
+    assert_eq!(alloc.history_options(), Some(HistoryOptions::new(3)));
+    alloc.record_history(None);
+    assert_eq!(alloc.history_options(), None);
 }
