@@ -26,9 +26,10 @@
 # levels of Cargo.toml stay, so the tests run as fast). On the 2-core VM an allocator mutant's
 # build then takes 33 s (median of shard 2/48, 2026-12-07; 41 s with debug information and the
 # GPU tests, shard 0/48): the allocator's own unit tests, the harness and four test binaries
-# are compiled again at opt-level 2 for every mutant, and that, not the tests, is the time. Pinned: PROPTEST_RNG_SEED (the property tests draw the same
-# cases on every run) and the tests' own case counts; PROPTEST_MAX_SHRINK_TIME stops shrinking a
-# failure at once (a mutant is caught by the first failure, its minimal case is not needed).
+# are compiled again at opt-level 2 for every mutant, and that, not the tests, is the time.
+# Pinned: PROPTEST_RNG_SEED (the property tests draw the same cases on every run) and the
+# tests' own case counts; PROPTEST_MAX_SHRINK_TIME stops shrinking a failure at once (a mutant
+# is caught by the first failure, its minimal case is not needed).
 #
 # cargo-mutants 27.1 builds its baseline with the mutated package's tests only, whatever
 # --test-package says (the mutants themselves do run the harness: see each mutant's log in

@@ -14,7 +14,8 @@ for i, d in enumerate(dirs):
 every = [0] * len(dirs)
 kept = [0] * len(dirs)
 for t, v in sorted(rows.items()):
-    print(f"{t:28s}" + " | ".join(f"{r:.3f} {c}" if (r, c) != (None, None) else "-" for r, c in (x or (None, None) for x in v)))
+    cells = [f"{x[0]:.3f} {x[1]}" if x else "-" for x in v]
+    print(f"{t:28s}" + " | ".join(cells))
     for i, x in enumerate(v):
         if x:
             n = sum(x[1][1:])
