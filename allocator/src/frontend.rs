@@ -134,8 +134,9 @@ impl<B: Backend> Inner<B> {
         }
     }
 
+    /// Rule 17a's question, without taking any thread's flag (see [`Local::parked_now`]).
     fn any_parked(&self) -> bool {
-        self.threads.iter().any(|l| l.hold().parked_len() > 0)
+        self.threads.iter().any(|l| l.parked_now() > 0)
     }
 
     /// Rule 17: threads that exited — their parked blocks are freed, their live blocks no
@@ -206,21 +207,28 @@ impl<B: Backend> Allocator<B> {
             return self.lock().core.malloc(size, stream);
         }
         // Rule 17b parks small-pool blocks only: a larger request cannot hit.
-        if size <= SMALL_SIZE
-            && let Some(Some(address)) =
-                thread_cache::with_local(&self.shared.registry, |l| l.take(size, stream))
-        {
-            return Ok(address);
+        if size <= SMALL_SIZE {
+            // A miss brings this thread's cache's name along, for the slow path.
+            match thread_cache::with_local(&self.shared.registry, |l| {
+                l.take(size, stream).ok_or(l.id())
+            }) {
+                Some(Ok(address)) => return Ok(address),
+                Some(Err(id)) => return self.malloc_slow(size, stream, Some(id)),
+                None => {}
+            }
         }
-        self.malloc_slow(size, stream)
+        self.malloc_slow(size, stream, None)
     }
 
+    /// `malloc` past the thread cache; `me` is this thread's cache's name when the caller
+    /// already looked it up.
     #[cold]
-    fn malloc_slow(&self, size: u64, stream: StreamId) -> Result<u64, Error> {
+    fn malloc_slow(&self, size: u64, stream: StreamId, me: Option<u64>) -> Result<u64, Error> {
         let mut g = self.lock();
         let inner = &mut *g;
         // This thread's cache (its name), registered at its first request.
-        let local = match thread_cache::with_local(&self.shared.registry, |l| l.id()) {
+        let local = match me.or_else(|| thread_cache::with_local(&self.shared.registry, |l| l.id()))
+        {
             Some(id) => Some(id),
             None => thread_cache::register(&self.shared.registry).map(|(l, new)| {
                 if new {
@@ -257,7 +265,8 @@ impl<B: Backend> Allocator<B> {
                 uses: false,
             };
             if let Some(l) = inner.thread(id) {
-                l.hold().push_recent(*address, meta);
+                // This thread's own cache, under the shared lock: no flag needed.
+                l.own().push_recent(*address, meta);
                 inner.owners.insert(*address, Owned { thread: id, meta });
             }
         }
@@ -280,21 +289,29 @@ impl<B: Backend> Allocator<B> {
                 return g.core.free(address);
             }
             drop(g);
-            return self.free_slow(address);
+            let me = thread_cache::with_local(&self.shared.registry, |l| l.id());
+            return self.free_slow(address, me);
         }
         if address == 0 {
             return Ok(());
         }
-        if thread_cache::with_local(&self.shared.registry, |l| l.park(address, capacity))
-            == Some(true)
-        {
-            return Ok(());
+        // A block not parked brings this thread's cache's name along, for the slow path.
+        match thread_cache::with_local(&self.shared.registry, |l| {
+            if l.park(address, capacity) {
+                None
+            } else {
+                Some(l.id())
+            }
+        }) {
+            Some(None) => Ok(()),
+            Some(me) => self.free_slow(address, me),
+            None => self.free_slow(address, None),
         }
-        self.free_slow(address)
     }
 
+    /// `free` past the thread cache; `me` is this thread's cache's name, if it has one.
     #[cold]
-    fn free_slow(&self, address: u64) -> Result<(), Error> {
+    fn free_slow(&self, address: u64, me: Option<u64>) -> Result<(), Error> {
         let mut g = self.lock();
         let Inner {
             core,
@@ -308,13 +325,13 @@ impl<B: Backend> Allocator<B> {
             debug_assert!(false, "an owned block names no registered thread");
             return core.free(address);
         };
-        let h = owner.hold();
+        let mine = me == Some(thread);
+        // This thread's own cache needs no flag under the shared lock; another's does.
+        let h = if mine { owner.own() } else { owner.hold() };
         if h.is_parked(address) {
             // The user already freed it.
             return Err(Error::UnknownPointer { address });
         }
-        let mine =
-            thread_cache::with_local(&self.shared.registry, |l| l.id() == thread).unwrap_or(false);
         // Read under the shared lock, which recording's start holds while it sets it to 0.
         let capacity = self.shared.capacity.load(Ordering::Relaxed);
         if mine && !meta.uses && capacity > 0 {

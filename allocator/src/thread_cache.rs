@@ -20,6 +20,24 @@
 //! front end's owner map, under the shared lock: a free of a block the recent array no longer
 //! holds is decided there, with the core's lock already taken.
 //!
+//! **Atomic read-modify-writes are the price** (a locked instruction costs tens of cycles, more
+//! than the scans), so the paths take the flag only where another thread can be changing the
+//! arrays:
+//! * the owner looks first *without* the flag ([`Local::take`], [`Local::park`]) and takes it
+//!   only when the look finds something to do. Only the owner writes the parked array's
+//!   entries; another thread (under the shared lock) only empties it (a flush), so a look
+//!   that finds no block finds what the flagged look would (the flush, if it is seen, came
+//!   first). Another thread may take a block out of the recent array (its free or
+//!   `record_stream` of one of the owner's blocks), which can hide a recent block from the
+//!   look for a moment: that free then goes to the slow path, which parks it the same way
+//!   under the shared lock (rule 17b: the cache has room, so nothing is evicted);
+//! * on the owner's own slow path, under the shared lock, no other thread can touch the
+//!   owner's `Local` (they too need the shared lock) and the owner is busy there: it reads and
+//!   changes its arrays without the flag ([`Local::own`]);
+//! * whether any thread has parked blocks (rule 17a's question, under the shared lock) is a
+//!   read of each length without the flag: an owner parking at that moment is ordered after
+//!   the question, as it could be with the flag.
+//!
 //! Lock order: the shared lock (core), then a `Local`'s flag, then the registry's `retired`
 //! list.
 
@@ -44,8 +62,9 @@ pub(crate) struct Meta {
 /// The most live blocks a `Local` keeps in its array of recent ones (at least one).
 const RECENT_LIVE: usize = 16;
 
-/// A block in one of a `Local`'s arrays. Read and written only while the `Local`'s flag is
-/// held, so relaxed accesses suffice (the flag orders them); they compile to plain moves.
+/// A block in one of a `Local`'s arrays. Written only by a holder of the `Local`'s flag, or by
+/// its owner under the shared lock ([`Local::own`]); read also by the owner's looks without
+/// the flag. All accesses are relaxed (the flag and the shared lock order them): plain moves.
 #[derive(Debug, Default)]
 struct Kept {
     /// The block's address.
@@ -211,35 +230,74 @@ impl Local {
         {
             spin_wait();
         }
-        Held { local: self }
+        Held {
+            local: self,
+            flag: true,
+        }
+    }
+
+    /// The owner's own cache on its slow path, *without* the flag. Only for the thread that
+    /// owns this cache, while it holds the allocator's shared lock: every other thread that
+    /// reads or changes a `Local` holds the shared lock first, and the owner is here, so
+    /// nobody else is in the arrays (the shared lock's acquisition orders what others did).
+    #[inline]
+    pub fn own(&self) -> Held<'_> {
+        debug_assert!(
+            !self.busy.load(Ordering::Relaxed),
+            "a thread's own cache was held by another thread under the shared lock"
+        );
+        Held {
+            local: self,
+            flag: false,
+        }
+    }
+
+    /// Blocks parked now, read without the flag (under the shared lock, by rule 17a's
+    /// question: the owner may be parking at that moment, and is then ordered after it).
+    #[inline]
+    pub fn parked_now(&self) -> usize {
+        self.parked.len()
     }
 
     /// The fast path of `malloc`: the most recently parked block of `stream` whose request was
     /// `size` bytes, now live again.
+    /// A look without the flag first: only the owner writes parked entries (another thread
+    /// only empties the array), so a miss here is the flagged look's miss.
     #[inline]
     pub fn take(&self, size: u64, stream: StreamId) -> Option<u64> {
+        self.parked.find_request(size, stream)?;
         self.hold().take(size, stream)
     }
 
     /// The fast path of `free`: parks `address` when it is one of this thread's recent live
     /// blocks (so no other stream used it) and the cache has room. False sends the free to
     /// the slow path, which decides under the shared lock.
+    /// Looks without the flag first, as [`Local::take`] does; a recent block hidden from the
+    /// look by another thread's change at that moment goes to the slow path, which parks it
+    /// the same way.
     #[inline]
     pub fn park(&self, address: u64, capacity: usize) -> bool {
+        if self.parked.len() >= capacity || self.recent.find(address).is_none() {
+            return false;
+        }
         let h = self.hold();
         h.parked_len() < capacity && h.park_recent(address)
     }
 }
 
-/// A held [`Local`]: the cache's operations. Dropping it releases the flag.
+/// A held [`Local`]: the cache's operations. Dropping it releases the flag, when it took it
+/// ([`Local::hold`]; [`Local::own`] takes none).
 pub(crate) struct Held<'a> {
     local: &'a Local,
+    flag: bool,
 }
 
 impl Drop for Held<'_> {
     #[inline]
     fn drop(&mut self) {
-        self.local.busy.store(false, Ordering::Release);
+        if self.flag {
+            self.local.busy.store(false, Ordering::Release);
+        }
     }
 }
 
