@@ -1,6 +1,10 @@
-//! Rule 17a, through the thread-safe front end: parked blocks go back before the device grows.
+//! Rule 17 through the thread-safe front end: parked blocks go back before the device grows
+//! (17a), and a thread's own hit pair needs no shared lock.
 
 #![cfg(not(loom))]
+
+use std::sync::mpsc;
+use std::time::Duration;
 
 use cachalot::{Allocator, Settings, SimDevice, StreamId};
 
@@ -70,4 +74,44 @@ fn a_request_the_cache_can_serve_leaves_parked_blocks_parked() {
     assert_ne!(other, small);
     assert_eq!(a.thread_cached_blocks(), 1);
     assert_eq!(a.malloc(4096, s).unwrap(), small);
+}
+
+/// Rule 17's fast paths: a thread's free of a block it was handed (parked) and its request of
+/// the same size again (handed back) touch only its own cache. They complete while another
+/// thread holds the allocator's shared lock; a free or request sent to the slow path would
+/// wait for that lock until the holder gives up (10 s).
+#[test]
+fn a_hit_pair_completes_while_another_thread_holds_the_shared_lock() {
+    let a = allocator(true);
+    let s = StreamId(0);
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let (done_tx, done_rx) = mpsc::channel();
+    let worker = a.clone();
+    let t = std::thread::spawn(move || {
+        let p = worker.malloc(4096, s).unwrap();
+        ready_tx.send(()).unwrap();
+        go_rx.recv().unwrap();
+        worker.free(p).unwrap();
+        let q = worker.malloc(4096, s).unwrap();
+        // The holder may have given up waiting: then nobody listens.
+        let _ = done_tx.send(q == p);
+        worker.free(q).unwrap();
+    });
+    ready_rx.recv().unwrap();
+    let outcome = a.with_backend(|_| {
+        go_tx.send(()).unwrap();
+        done_rx.recv_timeout(Duration::from_secs(10))
+    });
+    t.join().unwrap();
+    assert_eq!(
+        outcome,
+        Ok(true),
+        "the hit pair waited for the shared lock (or was not a hit)"
+    );
+    assert_eq!(
+        a.thread_cached_blocks(),
+        0,
+        "the thread exited: its cache went back"
+    );
 }
