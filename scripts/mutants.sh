@@ -10,6 +10,8 @@
 #          about 50 s on the 2-core VM when nothing fails, so one still running at 120 s is hung)
 #   MUTANTS_IN_DIFF  a diff file: only the mutants in the lines it touches (cargo mutants
 #          --in-diff; scripts/mutants_ci.sh makes one from a commit range)
+#   MUTANTS_FILE, MUTANTS_RE  only the mutants of this source file (cargo mutants --file) whose
+#          names match this regex (--re); scripts/mutants_full.sh runs the ones its ledger lacks
 #
 # What is mutated (.cargo/mutants.toml excludes the rest): for `allocator`, the policy core
 # (allocator/src/policy/**: segments, expandable ranges, reclaim, adoption, aliasing, views),
@@ -59,6 +61,8 @@ args=(--package "$pkg" --test-package "$pkg,cachalot-harness" "${tests[@]}"
       --baseline skip --timeout "${MUTANTS_TIMEOUT:-120}" --build-timeout 900 --no-shuffle)
 if [[ -n $shard ]]; then args+=(--shard "$shard" --sharding round-robin); fi
 if [[ -n ${MUTANTS_IN_DIFF:-} ]]; then args+=(--in-diff "$MUTANTS_IN_DIFF"); fi
+if [[ -n ${MUTANTS_FILE:-} ]]; then args+=(--file "$MUTANTS_FILE"); fi
+if [[ -n ${MUTANTS_RE:-} ]]; then args+=(--re "$MUTANTS_RE"); fi
 mkdir -p "$out"
 export PROPTEST_RNG_SEED=${PROPTEST_RNG_SEED:-20261203} PROPTEST_MAX_SHRINK_TIME=1
 export CARGO_PROFILE_DEV_DEBUG=${CARGO_PROFILE_DEV_DEBUG:-0}
@@ -72,7 +76,7 @@ count() { [[ -f $m/$1 ]] && wc -l < "$m/$1" || echo 0; }
 caught=$(count caught.txt) missed=$(count missed.txt) timeout=$(count timeout.txt) unviable=$(count unviable.txt)
 viable=$(( caught + missed + timeout ))
 {
-    echo "crate: $pkg   shard: ${shard:-all}${MUTANTS_IN_DIFF:+   in diff: $MUTANTS_IN_DIFF}   date: $(date -u +%FT%TZ)   commit: $(git rev-parse --short HEAD)"
+    echo "crate: $pkg   shard: ${shard:-all}${MUTANTS_IN_DIFF:+   in diff: $MUTANTS_IN_DIFF}${MUTANTS_FILE:+   file: $MUTANTS_FILE}   date: $(date -u +%FT%TZ)   commit: $(git rev-parse --short HEAD)"
     echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
     echo "run time: ${elapsed} s   cargo-mutants exit: $rc"
     echo "caught $caught, timeout $timeout, missed $missed, unviable $unviable"
