@@ -121,6 +121,10 @@ mod tests {
 
     #[test]
     fn tiny_requests_round_to_one_minimum_block() {
+        // Zero too, as PyTorch's round_size does (the core never asks: rule 1 answers a
+        // zero-size request before rounding, but this function is public).
+        assert_eq!(round_size(0, &OFF), 512);
+        assert_eq!(round_size(0, &[4; 16]), 512);
         assert_eq!(round_size(1, &OFF), 512);
         assert_eq!(round_size(511, &OFF), 512);
         assert_eq!(round_size(512, &OFF), 512);

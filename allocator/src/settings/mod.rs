@@ -345,8 +345,8 @@ impl Settings {
             expandable_segments: true,
             expandable_page_size: CACHALOT_EXPANDABLE_PAGE,
             reclaim_headroom: Some(RECLAIM_HEADROOM),
-            page_aliasing: false,
             page_stitching: true,
+            // `page_aliasing` stays off, as in PyTorch's settings.
             ..Settings::pytorch()
         }
     }
