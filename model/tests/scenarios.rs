@@ -525,3 +525,70 @@ fn page_aliasing_keeps_memory_counted_once_however_many_places_map_it() {
     m.free(b);
     m.free(c);
 }
+
+#[test]
+fn rule_22c_rehoming_a_lent_block_whose_page_has_its_home_just_before_it_keeps_the_layout() {
+    // The model's twin of the allocator's test of the same name (offsets in MiB, 2 MiB pages):
+    // the lent [12, 14) maps Z's page, at home in the slot [10, 12) just before it inside the
+    // free [6, 12); a 2 MiB request re-homes it, carving [10, 12) (which merges with it) and
+    // taking [12, 14) out of the merged lent block's middle.
+    let mut m = aliasing(64 * GIB);
+    let [w, x, h, z] = [4, 2, 6, 2].map(|mb| m.alloc(mb * MIB, 0));
+    assert_eq!([w, x, h, z].map(|a| (a - BASE) / MIB), [0, 4, 6, 12]);
+    m.free(h);
+    // G borrows H's three pages (one alias) and maps one new page; H's place is lent.
+    let g = m.alloc(8 * MIB, 0);
+    assert_eq!(g, BASE + 14 * MIB);
+    assert_eq!(device_calls(&m), (6, 0));
+    // Rule 22g: the lent [6, 12) is unmapped, a hole between X and Z; G keeps its pages.
+    m.empty_cache();
+    assert_eq!(device_calls(&m), (6, 1));
+    assert_eq!(
+        m.allocated_reserved(),
+        ((16 * MIB) as i64, (16 * MIB) as i64)
+    );
+    m.free(w);
+    m.free(z);
+    // R grows into the hole borrowing W's two pages, then Z's one into [10, 12).
+    let r = m.alloc(6 * MIB, 0);
+    assert_eq!(r, BASE + 6 * MIB);
+    assert_eq!(device_calls(&m), (8, 1));
+    m.free(r);
+    // The lent [12, 14) is smaller than the free [6, 12): re-homed, no device call.
+    let y = m.alloc(2 * MIB, 0);
+    assert_eq!(y, BASE + 12 * MIB);
+    assert_eq!(device_calls(&m), (8, 1));
+    assert_eq!(
+        m.allocated_reserved(),
+        ((12 * MIB) as i64, (16 * MIB) as i64)
+    );
+    assert_eq!(m.0.device_used(), 16 * MIB);
+    // Runs of mapped blocks (rule 19h): X and the free [6, 10), ended by the lent [10, 12);
+    // then Y and G.
+    let runs: Vec<(u64, Vec<(u64, BlockState)>)> =
+        m.0.layout()
+            .iter()
+            .map(|s| {
+                (
+                    (s.address - BASE) / MIB,
+                    s.blocks.iter().map(|b| (b.size / MIB, b.state)).collect(),
+                )
+            })
+            .collect();
+    assert_eq!(
+        runs,
+        [
+            (4, vec![(2, BlockState::Allocated), (4, BlockState::Free)]),
+            (
+                12,
+                vec![(2, BlockState::Allocated), (8, BlockState::Allocated)]
+            ),
+        ]
+    );
+    for a in [y, x, g] {
+        m.free(a);
+    }
+    m.empty_cache();
+    assert_eq!(m.0.device_used(), 0);
+    assert_eq!(m.allocated_reserved(), (0, 0));
+}

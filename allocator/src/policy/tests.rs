@@ -750,6 +750,167 @@ fn a_start_whose_run_holds_the_home_of_one_of_its_lent_slots_is_not_taken() {
     check_aliasing(&c);
 }
 
+/// Runs `op` on the core, then both checkers of rule 22i.
+fn checked<T>(
+    c: &mut CachingCore<SimDevice>,
+    op: impl FnOnce(&mut CachingCore<SimDevice>) -> T,
+) -> T {
+    let out = op(c);
+    check_aliasing(c);
+    out
+}
+
+#[test]
+fn rule_22c_rehoming_a_lent_block_whose_page_has_its_home_just_before_it_keeps_the_block_chain() {
+    // Rule 22c through rule 22d: the lent [12, 14) maps a page at home in the slot [10, 12) just
+    // before it, inside the free [6, 12). Carving that home turns [10, 12) into a lent slot that
+    // merges with [12, 14); the re-homed slot [12, 14) then leaves the merged lent block from
+    // its middle, and the lent [10, 12) left before it must stay linked between the free
+    // [6, 10) and the new home. Both checkers run after every operation.
+    let mut c = aliasing_core(1 << 36);
+    let base = SIM_BASE_ADDRESS;
+    // W [0, 4), X [4, 6), H [6, 12), Z [12, 14): fourteen MiB live, seven new pages.
+    let [w, x, h, z] = [4, 2, 6, 2].map(|mb| checked(&mut c, |c| c.malloc(mb * MIB, S).unwrap()));
+    assert_eq!([w, x, h, z].map(|a| (a - base) / MIB), [0, 4, 6, 12]);
+    // H's pages are borrowed by G's growth (w = 16 MiB, limit 16.4 MiB: three pages, then one
+    // new one): [6, 12) is lent, its pages at home in G [14, 22).
+    checked(&mut c, |c| c.free(h).unwrap());
+    let g = checked(&mut c, |c| c.malloc(8 * MIB, S).unwrap());
+    assert_eq!(g, base + 14 * MIB);
+    assert_eq!(
+        range_layout(&c)[2],
+        (base + 6 * MIB, 6 * MIB, Backing::Lent, BlockPhase::Free)
+    );
+    // Rule 22g: the lent [6, 12) is unmapped (its pages stay at home under G): a hole between
+    // the allocated X and Z, and 16 MiB still reserved.
+    checked(&mut c, |c| c.empty_cache().unwrap());
+    assert_eq!(
+        range_layout(&c)[2],
+        (base + 6 * MIB, 6 * MIB, Backing::Unmapped, BlockPhase::Free)
+    );
+    assert_eq!(c.stats().reserved_bytes.all.current, 16 * MIB as i64);
+    checked(&mut c, |c| c.free(w).unwrap());
+    checked(&mut c, |c| c.free(z).unwrap());
+    // R (6 MiB) fits no free block and grows into the hole: w = 16 MiB, 22 MiB would be
+    // reserved, so it borrows three pages: W's two first (the larger candidate), then Z's one,
+    // which lands in the hole's last slot [10, 12), just before its old place [12, 14).
+    c.record_history(Some(usize::MAX));
+    let r = checked(&mut c, |c| c.malloc(6 * MIB, S).unwrap());
+    assert_eq!(r, base + 6 * MIB);
+    use TraceAction::{SegmentMap as Map, SegmentUnmap as Unmap};
+    assert_eq!(
+        map_history(&c, base),
+        [
+            (Unmap, 0, 2),
+            (Unmap, 2, 2),
+            (Map, 6, 4),
+            (Unmap, 12, 2),
+            (Map, 10, 2)
+        ]
+    );
+    assert_eq!(c.stats().reserved_bytes.all.current, 16 * MIB as i64);
+    checked(&mut c, |c| c.free(r).unwrap());
+    let layout = range_layout(&c);
+    assert_eq!(
+        layout[..6],
+        [
+            (base, 4 * MIB, Backing::Lent, BlockPhase::Free),
+            (
+                base + 4 * MIB,
+                2 * MIB,
+                Backing::Mapped,
+                BlockPhase::Allocated
+            ),
+            (base + 6 * MIB, 6 * MIB, Backing::Mapped, BlockPhase::Free),
+            (base + 12 * MIB, 2 * MIB, Backing::Lent, BlockPhase::Free),
+            (
+                base + 14 * MIB,
+                8 * MIB,
+                Backing::Mapped,
+                BlockPhase::Allocated
+            ),
+            (
+                base + 22 * MIB,
+                layout[5].1,
+                Backing::Unmapped,
+                BlockPhase::Free
+            ),
+        ]
+    );
+    // 2 MiB: the lent [12, 14) (its page at home in the free [6, 12)) is smaller than the free
+    // [6, 12) and wins; its home [10, 12) is carved and merges with it, then [12, 14) leaves
+    // the merged lent block from its middle. No device call.
+    c.record_history(None);
+    c.record_history(Some(usize::MAX));
+    let calls = c.backend().call_counts();
+    let y = checked(&mut c, |c| c.malloc(2 * MIB, S).unwrap());
+    assert_eq!(y, base + 12 * MIB);
+    assert_eq!(map_history(&c, base), [(Unmap, 10, 2), (Map, 12, 2)]);
+    assert_eq!(c.backend().call_counts(), calls);
+    assert_eq!(c.stats().reserved_bytes.all.current, 16 * MIB as i64);
+    assert_eq!(
+        range_layout(&c)[..6],
+        [
+            (base, 4 * MIB, Backing::Lent, BlockPhase::Free),
+            (
+                base + 4 * MIB,
+                2 * MIB,
+                Backing::Mapped,
+                BlockPhase::Allocated
+            ),
+            (base + 6 * MIB, 4 * MIB, Backing::Mapped, BlockPhase::Free),
+            (base + 10 * MIB, 2 * MIB, Backing::Lent, BlockPhase::Free),
+            (
+                base + 12 * MIB,
+                2 * MIB,
+                Backing::Mapped,
+                BlockPhase::Allocated
+            ),
+            (
+                base + 14 * MIB,
+                8 * MIB,
+                Backing::Mapped,
+                BlockPhase::Allocated
+            ),
+        ]
+    );
+    // The block chain links the free [6, 10), the lent [10, 12) and Y both ways.
+    let at = |a: u64| {
+        c.blocks
+            .iter()
+            .find(|(_, b)| b.address == a && b.range.is_some())
+            .unwrap()
+    };
+    let ((free_id, free), (lent_id, lent), (y_id, yb)) =
+        (at(base + 6 * MIB), at(base + 10 * MIB), at(y));
+    assert_eq!((free.next, lent.prev), (Some(lent_id), Some(free_id)));
+    assert_eq!((lent.next, yb.prev), (Some(y_id), Some(lent_id)));
+    // The page under Y is Z's: at home in Y, lent at [10, 12).
+    let page = c.backend().page_at(y).unwrap();
+    let mut mappings = c.backend().mappings(page);
+    mappings.sort_unstable();
+    assert_eq!(mappings, [base + 10 * MIB, y]);
+    // segments() lists the runs of mapped blocks (rule 19h): the lent [10, 12) ends one.
+    let runs: Vec<(u64, Vec<u64>)> = c
+        .segments()
+        .iter()
+        .map(|s| {
+            (
+                (s.address - base) / MIB,
+                s.blocks.iter().map(|b| b.size / MIB).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(runs, [(4, vec![2, 4]), (12, vec![2, 8])]);
+    // Everything goes back.
+    for a in [y, x, g] {
+        checked(&mut c, |c| c.free(a).unwrap());
+    }
+    checked(&mut c, |c| c.empty_cache().unwrap());
+    assert_eq!(c.backend().used(), 0);
+    assert_eq!(c.stats().reserved_bytes.all.current, 0);
+}
+
 #[test]
 fn borrowing_takes_the_streams_largest_free_pages_first_and_never_touches_other_streams_or_pools() {
     // Rule 22f.
