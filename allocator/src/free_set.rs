@@ -27,9 +27,10 @@ const EXACT_UNITS: u64 = 64;
 const PER_OCTAVE: u64 = 8;
 /// `log2(PER_OCTAVE)`.
 const OCTAVE_BITS: u32 = 3;
-/// Number of classes: the exact ones, then eight per power of two for unit counts of 2⁶ up to
-/// 2⁵⁵ (a `u64` size has at most 55 bits above the 512-byte unit).
-const CLASSES: usize = (EXACT_UNITS + (64 - 9 - 6 + 1) * PER_OCTAVE) as usize;
+/// Number of classes: the exact ones, then eight per power of two for unit counts from 2⁶ up
+/// to below 2⁵⁵ (a `u64` size has at most 55 bits above the 512-byte unit: 49 powers of two,
+/// 2⁶ to 2⁵⁴), so the largest `u64` falls in the last class.
+const CLASSES: usize = (EXACT_UNITS + (64 - 9 - 6) * PER_OCTAVE) as usize;
 /// Words of the class bitmap.
 const WORDS: usize = CLASSES.div_ceil(64);
 /// A class's vector becomes an ordered set beyond this many keys, and a set of fewer than
@@ -379,7 +380,8 @@ mod tests {
         for w in sizes.windows(2) {
             assert!(class_of(w[0]) <= class_of(w[1]), "{w:?}");
         }
-        assert!(class_of(u64::MAX) < CLASSES);
+        // The table is exactly as long as a `u64` size needs.
+        assert_eq!(class_of(u64::MAX), CLASSES - 1);
         // Exact classes below 32 KiB, in 512-byte steps.
         assert_eq!(class_of(512 * 63), 63);
         assert_eq!(class_of(512 * 63 + 511), 63);
