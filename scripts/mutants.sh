@@ -68,6 +68,10 @@ export PROPTEST_RNG_SEED=${PROPTEST_RNG_SEED:-20261203} PROPTEST_MAX_SHRINK_TIME
 export CARGO_PROFILE_DEV_DEBUG=${CARGO_PROFILE_DEV_DEBUG:-0}
 start=$(date +%s)
 cd "$root"
+header="crate: $pkg   shard: ${shard:-all}${MUTANTS_IN_DIFF:+   in diff: $MUTANTS_IN_DIFF}${MUTANTS_FILE:+   file: $MUTANTS_FILE}   date: $(date -u +%FT%TZ)   commit: $(git rev-parse --short HEAD)"
+# Written first, so that a run stopped halfway still says what it ran on (the ledger reads
+# its outcomes so far); replaced at the end.
+echo "$header   (running)" > "$out/summary.txt"
 rc=0
 cargo mutants "${args[@]}" --output "$out" || rc=$?
 elapsed=$(( $(date +%s) - start ))
@@ -76,7 +80,7 @@ count() { [[ -f $m/$1 ]] && wc -l < "$m/$1" || echo 0; }
 caught=$(count caught.txt) missed=$(count missed.txt) timeout=$(count timeout.txt) unviable=$(count unviable.txt)
 viable=$(( caught + missed + timeout ))
 {
-    echo "crate: $pkg   shard: ${shard:-all}${MUTANTS_IN_DIFF:+   in diff: $MUTANTS_IN_DIFF}${MUTANTS_FILE:+   file: $MUTANTS_FILE}   date: $(date -u +%FT%TZ)   commit: $(git rev-parse --short HEAD)"
+    echo "$header"
     echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
     echo "run time: ${elapsed} s   cargo-mutants exit: $rc"
     echo "caught $caught, timeout $timeout, missed $missed, unviable $unviable"
