@@ -8,8 +8,9 @@ made of runs of a file or a shard each (scripts/mutants.sh, scripts/mutants_full
 script lists today's mutants (`cargo mutants --list`, so .cargo/mutants.toml's exclusions
 hold) and, for each, the outcome of the latest run that tested it *on today's source file*: a
 run counts for a mutant only if the mutated file is the same at the run's commit as in the
-working tree (`git diff --quiet COMMIT -- FILE`), since a mutant's name holds its line and
-column. Runs are found under results/mutants-*/ and the folders given with --runs: every
+working tree but for its trailing unit-test module (`#[cfg(test)] mod tests { ... }` at the
+end, which cargo-mutants does not mutate: tests added there move no mutant), since a mutant's
+name holds its line and column. Runs are found under results/mutants-*/ and the folders given with --runs: every
 folder with a summary.txt (scripts/mutants.sh writes it: crate, commit, date) and the
 caught/missed/timeout/unviable lists beside it or in its mutants.out/.
 
@@ -64,6 +65,16 @@ def runs(extra):
         yield crate, commit, date, d, lists
 
 
+TESTS = re.compile(r"\n#\[cfg\(test\)\]\nmod tests \{\n.*\Z", re.S)
+
+
+def without_tests(source):
+    """The source without its trailing unit-test module: cargo-mutants mutates no test code,
+    and a change there alone moves no mutant (the tests only get more), so runs made before it
+    still count. Any other change to the file voids them."""
+    return TESTS.sub("\n", source)
+
+
 def rust_escape(s):
     # regex::escape's set: `\<` is not an escape but a word boundary in Rust's regex syntax, so
     # Python's re.escape would not do.
@@ -85,7 +96,13 @@ def main():
     def same(commit, path):
         key = (commit, path)
         if key not in same_cache:
-            same_cache[key] = git("diff", "--quiet", commit, "--", path).returncode == 0
+            then = git("show", f"{commit}:{path}")
+            try:
+                now = open(os.path.join(ROOT, path)).read()
+            except OSError:
+                now = None
+            same_cache[key] = (then.returncode == 0 and now is not None
+                               and without_tests(then.stdout) == without_tests(now))
         return same_cache[key]
 
     outcome = {}  # name -> (date, outcome, run folder)

@@ -366,6 +366,41 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    fn is_vector(b: &Bin) -> bool {
+        matches!(b, Bin::Few(_))
+    }
+
+    #[test]
+    fn a_class_is_a_vector_up_to_few_keys_and_a_set_again_only_below_half_as_many() {
+        // The layout's promise (module documentation): a sorted vector while a class holds at
+        // most FEW keys, an ordered set beyond (logarithmic once 10⁵ blocks share a size),
+        // and, with hysteresis so a class at the boundary does not convert on every call, a
+        // vector again only once fewer than FEW / 2 remain.
+        let mut b = Bin::default();
+        let e = |i: u64| (4096, i * 4096, i as BlockId);
+        for i in 0..FEW as u64 {
+            assert!(b.insert(e(i)));
+            assert!(is_vector(&b), "{} keys", i + 1);
+        }
+        assert!(!b.insert(e(0)), "a key already there");
+        assert!(is_vector(&b));
+        assert!(b.insert(e(FEW as u64)));
+        assert!(!is_vector(&b), "{} keys: a set", FEW + 1);
+        // Down to FEW / 2 keys it stays a set ...
+        for i in (FEW as u64 / 2..=FEW as u64).rev() {
+            assert!(b.remove(&e(i)));
+            assert!(!is_vector(&b), "{} keys left", b.len());
+        }
+        assert_eq!(b.len(), FEW / 2);
+        assert!(!b.remove(&e(FEW as u64)), "a key no longer there");
+        assert!(!is_vector(&b));
+        // ... and one fewer makes it a vector, with the same keys in order.
+        assert!(b.remove(&e(FEW as u64 / 2 - 1)));
+        assert!(is_vector(&b));
+        let left: Vec<Entry> = b.at_least_size(0).copied().collect();
+        assert_eq!(left, (0..FEW as u64 / 2 - 1).map(e).collect::<Vec<_>>());
+    }
+
     #[test]
     fn classes_are_ordered_as_sizes_and_in_bounds() {
         let mut sizes: Vec<u64> = (0..70u64).map(|i| i * 512).collect();
