@@ -381,6 +381,25 @@ mod tests {
     }
 
     #[test]
+    fn the_class_walks_skip_the_classes_without_keys() {
+        // `next_class` and `prev_class` answer from the bitmap: the next or previous class
+        // that holds keys, never an empty one in between (a walk that stopped at every class
+        // would give the same keys, slower).
+        let mut set = FreeSet::default();
+        let s = StreamId(0);
+        let (small, large) = (3 * 512, 1 << 30);
+        assert!(set.insert((s, small, 0, 0)));
+        assert!(set.insert((s, large, 1 << 40, 1)));
+        let st = &set.streams[0];
+        let (cs, cl) = (class_of(small), class_of(large));
+        assert!(cl > cs + 1);
+        assert_eq!(st.next_class(cs), Some(cl));
+        assert_eq!(st.next_class(cl), None);
+        assert_eq!(st.prev_class(cl), Some(cs));
+        assert_eq!(st.prev_class(cs), None);
+    }
+
+    #[test]
     fn a_class_is_a_vector_up_to_few_keys_and_a_set_again_only_below_half_as_many() {
         // The layout's promise (module documentation): a sorted vector while a class holds at
         // most FEW keys, an ordered set beyond (logarithmic once 10⁵ blocks share a size),
