@@ -8,9 +8,10 @@
 # scripts/mutants.sh (same tests, seeds and timeouts), each file's run in
 # OUTROOT/<crate>/<file>-<time>/. Stop it at any point: the next call starts where the ledger
 # says, counting the runs under OUTROOT and under results/mutants-*/. MAX_FILES stops after
-# that many files. On the 2-core VM a mutant costs about 17 s (a build of 8-20 s and, when
-# caught, 2.5 s of tests; a missed one runs the whole selection, about 36 s), plus a first
-# build of about 2 minutes per file.
+# that many files. On the 2-core VM a mutant cost 25-51 s on average in the first files
+# (results/mutants-2026-12-07: a build of 20-28 s with the cores shared, then 2.5 s of tests
+# when the crate's own tests catch it, about 43 s when only the harness's do or it is missed),
+# plus a first build of 2-3 minutes per file.
 set -euo pipefail
 crate=${1:?usage: scripts/mutants_full.sh allocator|model OUTROOT [MAX_FILES]}
 outroot=${2:?usage: scripts/mutants_full.sh allocator|model OUTROOT [MAX_FILES]}

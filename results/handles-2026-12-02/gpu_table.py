@@ -23,6 +23,8 @@ geo = {l: [] for l, _ in runs}
 geo_s = {l: [] for l, _ in runs}
 within2 = {l: 0 for l, _ in runs}
 mem103 = {l: 0 for l, _ in runs}
+within12 = {l: 0 for l, _ in runs}
+no_calls = {l: 0 for l, _ in runs}
 for t in traces:
     p = pt[t]['ns_per_op_first']
     c = cpt.get(t)
@@ -42,7 +44,9 @@ for t in traces:
         cs = sum(cs) / len(cs) if cs else None
         if cs:
             geo_s[l].append(s / cs)
+            within12[l] += s <= 1.2 * cs
         calls = r['steady_passes_driver_calls'][1:]
+        no_calls[l] += not any(calls)
         row += f" {f:,.0f} ({f/p:.2f}) | {r['ratio']:.3f} | {s:,.0f} ({s/cs:.2f}) | {' '.join(map(str, calls))} |" if cs else f" {f:,.0f} ({f/p:.2f}) | {r['ratio']:.3f} | {s:,.0f} | {' '.join(map(str, calls))} |"
     print(row)
 print()
@@ -50,4 +54,5 @@ for l, _ in runs:
     g = math.exp(sum(map(math.log, geo[l])) / len(geo[l]))
     gs = math.exp(sum(map(math.log, geo_s[l])) / len(geo_s[l]))
     print(f"- {l}: first pass ÷ PyTorch's, geometric mean {g:.2f}× over {len(geo[l])}; within 2× on {within2[l]}; "
-          f"memory ≤ 1.03 on {mem103[l]}; steady (passes 3–5) ÷ c-pt geometric mean {gs:.2f}×")
+          f"memory ≤ 1.03 on {mem103[l]}; steady (passes 3–5) ÷ c-pt geometric mean {gs:.2f}×, "
+          f"within 1.2× on {within12[l]}; no driver call in passes 3–5 on {no_calls[l]}")
