@@ -1,0 +1,265 @@
+#!/usr/bin/env python3
+"""The full mutation run in one build per crate: mutant schemata (issue: prove the tests bite).
+
+    scripts/mutants_schemata.py allocator|model [--out DIR] [--work DIR] [--remaining]
+                                [--timeout S] [--limit N] [--fallback]
+
+cargo-mutants builds each mutant on its own, and on the 2-core VM that build (25-50 s: the
+crate's unit tests, the harness and its test binaries, at opt-level 2) is most of a mutant's
+cost; its tests are a few seconds when they catch it. Here every mutant of `cargo mutants
+--list` (so .cargo/mutants.toml's exclusions hold) is written into a copy of the crate at once,
+each behind a switch read at run time (tools/mutants-schemata), the tests are built once, and
+each mutant is then the same test selection as scripts/mutants.sh's (the crate's and the
+harness's unit and integration tests but the GPU tests and loom models, PROPTEST_RNG_SEED
+pinned, no shrinking) run with its number in the environment.
+
+1. The copy is HEAD's tree (`git archive`): the crate's sources must be committed.
+2. A mutant whose switch does not compile (a `const fn`, an `impl Trait` return, a let chain)
+   is found from the compiler's errors, left out, and the copy built again; these, and any the
+   tool could not place, are listed in fallback.txt and run with cargo-mutants
+   (scripts/mutants.sh, one build each) when --fallback is given.
+3. The tests are run once with no mutant: they must pass.
+4. Each mutant: caught (the tests fail), missed (they pass), timeout (still running after
+   --timeout s, default 120: the whole selection takes about 50 s). The lists and summary.txt
+   are those of scripts/mutants.sh, written as the run goes, so scripts/mutants_ledger.py counts
+   a run stopped halfway.
+
+--remaining runs only the mutants the ledger has no outcome for on today's sources (and its
+missed ones, again); --limit N stops after N mutants.
+
+One difference from cargo-mutants, by design: an operator is replaced in the expression tree,
+where cargo-mutants' changed text is parsed again (`(a - b) + c` with `+` -> `*` is `(a - b) *
+c` here, `a - b * c` there); the two differ only where the operators' precedences differ.
+"""
+import argparse
+import bisect
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = {"allocator": ("cachalot", "CACHALOT_MUTANT"),
+            "model": ("cachalot-model", "CACHALOT_MODEL_MUTANT")}
+TOOL_DIR = os.path.join(ROOT, "tools", "mutants-schemata")
+
+
+def sh(cmd, **kw):
+    return subprocess.run(cmd, check=True, text=True, **kw)
+
+
+def test_selection(crate):
+    """scripts/mutants.sh's: unit tests, and the integration tests of the crate and the harness
+    but gpu_* and loom_*."""
+    args = ["--lib"]
+    for d in (crate, "harness"):
+        tdir = os.path.join(ROOT, d, "tests")
+        for f in sorted(os.listdir(tdir)) if os.path.isdir(tdir) else []:
+            name, ext = os.path.splitext(f)
+            if ext == ".rs" and not name.startswith(("gpu_", "loom_")):
+                args += ["--test", name]
+    return args
+
+
+def extract(tree, paths):
+    """HEAD's version of `paths` into `tree`."""
+    archive = subprocess.run(["git", "archive", "HEAD", *paths], cwd=ROOT, check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+
+
+def error_ids(messages, ranges):
+    """Mutant numbers whose code holds each compile error, innermost first; and the errors
+    that are in no mutant's code."""
+    index = {f: sorted(r, key=lambda x: (x[0], -x[1])) for f, r in ranges.items()}
+    ids, stray = set(), []
+    for m in messages:
+        if m.get("reason") != "compiler-message" or m["message"]["level"] != "error":
+            continue
+        spans = m["message"]["spans"]
+        found = False
+        for s in spans:
+            rs = index.get(s["file_name"])
+            if not rs:
+                continue
+            inside = [r for r in rs if r[0] <= s["byte_start"] < max(r[1], r[0] + 1)]
+            if inside:
+                best = min(inside, key=lambda r: r[1] - r[0])
+                ids.update(best[2])
+                found = True
+                break
+        if not found and spans:
+            stray.append(m["message"]["rendered"])
+    return ids, stray
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("crate", choices=PACKAGES)
+    ap.add_argument("--out", help="results folder (default results/mutants-DATE/schemata/CRATE)")
+    ap.add_argument("--work", default="/tmp/mutants-schemata", help="scratch folder")
+    ap.add_argument("--remaining", action="store_true")
+    ap.add_argument("--timeout", type=int, default=int(os.environ.get("MUTANTS_TIMEOUT", 120)))
+    ap.add_argument("--limit", type=int)
+    ap.add_argument("--fallback", action="store_true")
+    a = ap.parse_args()
+    pkg, var = PACKAGES[a.crate]
+    date = time.strftime("%Y-%m-%d")
+    out = a.out or os.path.join(ROOT, "results", f"mutants-{date}", "schemata", a.crate)
+    if subprocess.run(["git", "diff", "--quiet", "HEAD", "--", f"{a.crate}/src"],
+                      cwd=ROOT).returncode != 0:
+        sys.exit(f"{a.crate}/src has uncommitted changes: the run is of HEAD's sources")
+    commit = sh(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                capture_output=True).stdout.strip()
+    work = os.path.join(a.work, a.crate)
+    tree = os.path.join(work, "tree")
+    os.makedirs(work, exist_ok=True)
+    if shutil.which("cargo-mutants") is None:
+        sh(["cargo", "install", "cargo-mutants", "--locked", "--version", "27.1.0"])
+    sh(["cargo", "build", "--release", "--quiet", "--manifest-path",
+        os.path.join(TOOL_DIR, "Cargo.toml")])
+    tool = os.path.join(TOOL_DIR, "target", "release", "mutants-schemata")
+    listing = os.path.join(work, "list.json")
+    with open(listing, "w") as f:
+        sh(["cargo", "mutants", "--list", "--json", "--package", pkg], cwd=ROOT, stdout=f)
+    mutants = json.load(open(listing))
+    names = [m["name"] for m in mutants]
+
+    wanted = set(range(len(mutants)))
+    if a.remaining:
+        r = sh([sys.executable, os.path.join(ROOT, "scripts", "mutants_ledger.py"), a.crate,
+                "--remaining"], capture_output=True)
+        res = [re.compile(line.split("\t")[2]) for line in r.stdout.splitlines() if line.strip()]
+        wanted = {i for i, n in enumerate(names) if any(x.fullmatch(n) for x in res)}
+
+    # Build the schemata, leaving out what does not compile.
+    if os.path.isdir(tree):
+        shutil.rmtree(tree)
+    os.makedirs(tree)
+    extract(tree, ["."])
+    env = dict(os.environ, CARGO_TARGET_DIR=os.path.join(work, "target"),
+               CARGO_PROFILE_DEV_DEBUG="0", PROPTEST_RNG_SEED=os.environ.get(
+                   "PROPTEST_RNG_SEED", "20261203"), PROPTEST_MAX_SHRINK_TIME="1")
+    env.pop(var, None)
+    selection = ["-p", pkg, "-p", "cachalot-harness", *test_selection(a.crate)]
+    disabled = set()
+    disable_file = os.path.join(work, "disabled.txt")
+    mapf = os.path.join(work, "map.json")
+    build_start = time.time()
+    for attempt in range(30):
+        shutil.rmtree(os.path.join(tree, a.crate, "src"))
+        extract(tree, [f"{a.crate}/src"])
+        with open(disable_file, "w") as f:
+            f.write("\n".join(map(str, sorted(disabled))))
+        sh([tool, "--list", listing, "--root", tree, "--env", var, "--map", mapf,
+            "--disable", disable_file])
+        cmap = json.load(open(mapf))
+        r = subprocess.run(["cargo", "test", "--no-run", "--message-format=json", *selection],
+                           cwd=tree, env=env, capture_output=True, text=True)
+        if r.returncode == 0:
+            break
+        msgs = [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
+        ids, stray = error_ids(msgs, cmap["ranges"])
+        if not ids:
+            sys.exit("the schemata do not build, and not in a mutant's code:\n"
+                     + "\n".join(stray[:5]) + r.stderr[-3000:])
+        print(f"build {attempt + 1}: {len(ids)} mutants do not compile as switches; "
+              "left out", flush=True)
+        disabled |= ids
+    else:
+        sys.exit("the schemata still do not build after 30 attempts")
+    build_s = time.time() - build_start
+    fallback = sorted(disabled | set(cmap["unplaced"]))
+
+    def run_tests(mutant):
+        e = dict(env)
+        if mutant is not None:
+            e[var] = str(mutant)
+        t = time.time()
+        p = subprocess.Popen(["cargo", "test", "--quiet", *selection], cwd=tree, env=e,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+        try:
+            log, _ = p.communicate(timeout=a.timeout)
+            rc = p.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            log, _ = p.communicate()
+            rc = None
+        return rc, time.time() - t, log
+
+    rc, base_s, log = run_tests(None)
+    if rc != 0:
+        sys.exit(f"the tests fail with no mutant switched on (rc {rc}):\n{log[-3000:]}")
+
+    os.makedirs(out, exist_ok=True)
+    logs = os.path.join(work, "log")
+    os.makedirs(logs, exist_ok=True)
+    header = (f"crate: {pkg}   shard: schemata{' remaining' if a.remaining else ''}   "
+              f"date: {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}   commit: {commit}")
+    with open(os.path.join(out, "summary.txt"), "w") as f:
+        f.write(header + "   (running)\n")
+    lists = {o: open(os.path.join(out, f"{o}.txt"), "w") for o in
+             ("caught", "missed", "timeout", "unviable")}
+    with open(os.path.join(out, "fallback.txt"), "w") as f:
+        f.write("".join(names[i] + "\n" for i in fallback if i in wanted))
+    times = open(os.path.join(out, "times.tsv"), "w")
+    times.write("mutant\toutcome\tseconds\n")
+    todo = [i for i in sorted(wanted) if i not in set(fallback)]
+    if a.limit is not None:
+        todo = todo[:a.limit]
+    counts = {o: 0 for o in lists}
+    start = time.time()
+    for n, i in enumerate(todo):
+        rc, s, log = run_tests(i)
+        outcome = "timeout" if rc is None else "missed" if rc == 0 else "caught"
+        counts[outcome] += 1
+        lists[outcome].write(names[i] + "\n")
+        lists[outcome].flush()
+        times.write(f"{names[i]}\t{outcome}\t{s:.1f}\n")
+        times.flush()
+        if outcome != "caught":
+            with open(os.path.join(logs, f"{i}.log"), "w") as f:
+                f.write(log)
+        print(f"[{n + 1}/{len(todo)}] {outcome:7} {s:5.1f} s  {names[i]}", flush=True)
+    elapsed = time.time() - start
+    for f in lists.values():
+        f.close()
+    viable = counts["caught"] + counts["missed"] + counts["timeout"]
+    cpu = subprocess.run(["sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"],
+                         capture_output=True, text=True).stdout.strip()
+    summary = [
+        header,
+        f"machine: {os.cpu_count()} cores, {cpu}",
+        f"schemata build: {build_s:.0f} s ({len(disabled)} mutants left out as not compiling, "
+        f"{len(cmap['unplaced'])} not placed: fallback.txt)   tests with no mutant: "
+        f"{base_s:.1f} s",
+        f"run time: {elapsed:.0f} s for {len(todo)} mutants "
+        f"({elapsed / max(len(todo), 1):.1f} s each)",
+        f"caught {counts['caught']}, timeout {counts['timeout']}, missed {counts['missed']}, "
+        f"unviable 0",
+    ]
+    if viable:
+        summary.append(f"score (caught + timeout) / viable: "
+                       f"{100 * (counts['caught'] + counts['timeout']) / viable:.1f} %")
+    with open(os.path.join(out, "summary.txt"), "w") as f:
+        f.write("\n".join(summary) + "\n")
+    print("\n".join(summary))
+    if a.fallback and fallback:
+        todo_names = [names[i] for i in fallback if i in wanted]
+        if todo_names:
+            rx = "^(?:" + "|".join(rust_escape(n) for n in todo_names) + ")$"
+            sh([os.path.join(ROOT, "scripts", "mutants.sh"), a.crate, "",
+                os.path.join(out, "fallback")], cwd=ROOT, env=dict(os.environ, MUTANTS_RE=rx))
+
+
+def rust_escape(s):
+    return "".join("\\" + c if c in "\\.+*?()|[]{}^$#&-~" else c for c in s)
+
+
+if __name__ == "__main__":
+    main()
