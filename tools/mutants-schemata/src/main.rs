@@ -45,8 +45,14 @@ struct SpanJson {
 }
 
 #[derive(Deserialize)]
+struct Function {
+    return_type: String,
+}
+
+#[derive(Deserialize)]
 struct Mutant {
     file: String,
+    function: Option<Function>,
     genre: String,
     replacement: String,
     span: SpanJson,
@@ -446,7 +452,14 @@ fn rewrite(
                 column: p.column.saturating_sub(1),
             })
         };
+        // An early return of another type cannot stand beside an `impl Trait` body: the
+        // compiler's error would point at the original body, not at the switch.
+        let returns_impl = m
+            .function
+            .as_ref()
+            .is_some_and(|f| f.return_type.contains("impl "));
         match m.genre.as_str() {
+            "FnValue" if returns_impl => unplaced.push(id),
             "FnValue" => nodes.push(Node {
                 start: at(&m.span.start),
                 end: at(&m.span.start),
