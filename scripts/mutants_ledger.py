@@ -87,6 +87,7 @@ def main():
     ap.add_argument("--runs", nargs="*", default=[], help="more folders holding runs")
     ap.add_argument("--remaining", action="store_true")
     ap.add_argument("--markdown", help="also write the table to this file")
+    ap.add_argument("--agreement", action="store_true")
     a = ap.parse_args()
     pkg = PACKAGES[a.crate]
     names = current_mutants(pkg)
@@ -106,6 +107,7 @@ def main():
         return same_cache[key]
 
     outcome = {}  # name -> (date, outcome, run folder)
+    every = defaultdict(list)  # name -> [(schemata?, outcome, run folder)]
     for crate, commit, date, d, lists in runs(a.runs):
         if crate != pkg:
             continue
@@ -117,6 +119,8 @@ def main():
                 name = line.rstrip("\n")
                 if name not in wanted or not same(commit, name.split(":", 1)[0]):
                     continue
+                every[name].append(("schemata" in open(os.path.join(d, "summary.txt")).readline(),
+                                    o, os.path.relpath(d, ROOT)))
                 if name not in outcome or outcome[name][0] <= date:
                     outcome[name] = (date, o, os.path.relpath(d, ROOT))
 
@@ -128,6 +132,25 @@ def main():
         by_file[f][o] += 1
         if o in ("untested", "missed"):
             todo[f].append(n)
+
+    if a.agreement:
+        same_class = {"caught": "caught", "timeout": "caught", "missed": "missed",
+                      "unviable": "unviable"}
+        agree, differ = 0, []
+        for n, rs in sorted(every.items()):
+            sch = {same_class[o] for s, o, _ in rs if s}
+            cm = {same_class[o] for s, o, _ in rs if not s}
+            if not sch or not cm:
+                continue
+            if sch & cm:
+                agree += 1
+            else:
+                differ.append((n, rs))
+        print(f"tested both ways: {agree + len(differ)}; same outcome: {agree}; "
+              f"different: {len(differ)}")
+        for n, rs in differ:
+            print(f"  {n}: " + "; ".join(f"{o} ({d})" for _, o, d in rs))
+        return
 
     if a.remaining:
         for f, ns in todo.items():

@@ -123,6 +123,8 @@ struct BinSite {
 #[derive(Clone, Copy)]
 struct ArmSite {
     pat_end: usize,
+    /// The match has a `_` arm without a guard: deleting another arm leaves it exhaustive.
+    catch_all: bool,
     guard: Option<(usize, usize)>,
 }
 
@@ -193,22 +195,29 @@ impl<'ast> Visit<'ast> for Finder<'_> {
         syn::visit::visit_expr_unary(self, e);
     }
 
-    fn visit_arm(&mut self, a: &'ast syn::Arm) {
-        let guard = a.guard.as_ref().map(|(_, g)| self.range(g.span()));
-        if let Some((_, g)) = &a.guard {
-            self.sites
-                .guard
-                .insert(key(g.span().start()), self.range(g.span()));
+    fn visit_expr_match(&mut self, m: &'ast syn::ExprMatch) {
+        let catch_all = m
+            .arms
+            .iter()
+            .any(|a| a.guard.is_none() && matches!(a.pat, syn::Pat::Wild(_)));
+        for a in &m.arms {
+            let guard = a.guard.as_ref().map(|(_, g)| self.range(g.span()));
+            if let Some((_, g)) = &a.guard {
+                self.sites
+                    .guard
+                    .insert(key(g.span().start()), self.range(g.span()));
+            }
+            let site = ArmSite {
+                pat_end: self.range(a.pat.span()).1,
+                catch_all,
+                guard,
+            };
+            self.sites.arm.insert(key(a.pat.span().start()), site);
+            if let Some(attr) = a.attrs.first() {
+                self.sites.arm.insert(key(attr.span().start()), site);
+            }
         }
-        let site = ArmSite {
-            pat_end: self.range(a.pat.span()).1,
-            guard,
-        };
-        self.sites.arm.insert(key(a.pat.span().start()), site);
-        if let Some(attr) = a.attrs.first() {
-            self.sites.arm.insert(key(attr.span().start()), site);
-        }
-        syn::visit::visit_arm(self, a);
+        syn::visit::visit_expr_match(self, m);
     }
 
     fn visit_expr_struct(&mut self, e: &'ast syn::ExprStruct) {
@@ -524,9 +533,17 @@ fn rewrite(
                     id,
                     Variant::Whole("false".into()),
                 ),
+                // Without a `_` arm the match would no longer be exhaustive: cargo-mutants
+                // builds it, and finds it unviable.
+                Some(ArmSite {
+                    catch_all: false,
+                    guard: None,
+                    ..
+                }) => unplaced.push(id),
                 Some(ArmSite {
                     pat_end,
                     guard: None,
+                    ..
                 }) => nodes.push(Node {
                     start: *pat_end,
                     end: *pat_end,
