@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# Mutation testing of a change (CI's step): the mutants of the policy core and of the model in
-# the lines a commit range touches, run as scripts/mutants.sh runs them (same tests, same
-# pinned seeds); fails when one survives.
+# Mutation testing of a change (CI's step): every mutant of the policy core and of the model in
+# the lines a commit range touches, run as scripts/mutants_schemata.py runs them (one build of
+# the change's mutants as switches, then each mutant's tests: the same tests and pinned seeds
+# as scripts/mutants.sh); fails when one survives.
 #
 #   scripts/mutants_ci.sh [BASE [TIP]]      default: the last commit (HEAD~1..HEAD)
 #
-#   MUTANTS_CI_MAX  at most this many mutants a crate (default 8; on 2 cores about 40 s each
-#          for the allocator and 20 s for the model, after a first build of 3-5 minutes):
-#          when the change has more, an evenly spread sample (shard k/n of
-#          scripts/mutants.sh, k taken from the tip's hash so that successive commits sample
-#          different ones) is run, and the output says so
+#   MUTANTS_CI_MAX  at most this many of the mutants a switch cannot hold (a `const`, an `impl
+#          Trait` return, a let chain: scripts/mutants_schemata.py's fallback), which
+#          cargo-mutants builds one by one (about 40 s each on 2 cores); default 8, an evenly
+#          spread sample when there are more. Every other mutant of the change is run.
 #   OUT    folder for the results (default: a temporary folder, removed)
 #
 # A survivor is a rule nobody checks: write a test named for the rule that fails with the
@@ -39,33 +39,16 @@ diff=$out/change.diff
 git diff "$base" "$tip" -- allocator/src model/src > "$diff"
 failed=0
 for crate in allocator model; do
-    case $crate in allocator) pkg=cachalot ;; model) pkg=cachalot-model ;; esac
-    n=$(cargo mutants --package "$pkg" --list --in-diff "$diff" 2>/dev/null | wc -l)
-    if (( n == 0 )); then
-        echo "== $crate: no mutant in the change"
-        continue
-    fi
-    shard=""
-    if (( n > max )); then
-        parts=$(( (n + max - 1) / max ))
-        k=$(( 16#$(git rev-parse --short=8 "$tip") % parts ))
-        shard="$k/$parts"
-        echo "== $crate: $n mutants in the change, more than $max: the sample $shard (one in $parts)"
-    else
-        echo "== $crate: $n mutants in the change"
-    fi
-    MUTANTS_IN_DIFF=$diff scripts/mutants.sh "$crate" "$shard" "$out/$crate" || true
-    missed=$out/$crate/mutants.out/missed.txt
-    if [[ -s $missed ]]; then
-        failed=1
-        echo "!! $crate: mutants no test catches:"
-        sed 's/^/!!   /' "$missed"
-    fi
-    if [[ ! -f $out/$crate/summary.txt ]] || grep -q "cargo-mutants exit: [^023]" "$out/$crate/summary.txt"; then
-        # 0: all caught; 2: some missed (reported above); 3: timeouts (caught); anything else: the run itself failed.
-        failed=1
-        echo "!! $crate: the mutation run did not complete (see $out/$crate)"
-    fi
+    echo "== $crate"
+    python3 scripts/mutants_schemata.py "$crate" --in-diff "$diff" --out "$out/$crate" \
+        --work "$out/work" --target-dir "$out/work/target" --fallback "$max" --fail-on-missed \
+        || failed=1
+    for missed in "$out/$crate/missed.txt" "$out/$crate/fallback/mutants.out/missed.txt"; do
+        if [[ -s $missed ]]; then
+            echo "!! $crate: mutants no test catches:"
+            sed 's/^/!!   /' "$missed"
+        fi
+    done
 done
 (( keep )) || rm -rf "$out"
 if (( failed )); then

@@ -2,7 +2,8 @@
 """The full mutation run in one build per crate: mutant schemata (issue: prove the tests bite).
 
     scripts/mutants_schemata.py allocator|model [--out DIR] [--work DIR] [--remaining]
-                                [--timeout S] [--limit N] [--fallback]
+                                [--in-diff DIFF] [--target-dir DIR] [--timeout S] [--limit N] [--fallback [N]]
+                                [--fail-on-missed]
 
 cargo-mutants builds each mutant on its own, and on the 2-core VM that build (25-50 s: the
 crate's unit tests, the harness and its test binaries, at opt-level 2) is most of a mutant's
@@ -25,7 +26,10 @@ pinned, no shrinking) run with its number in the environment.
    a run stopped halfway.
 
 --remaining runs only the mutants the ledger has no outcome for on today's sources (and its
-missed ones, again); --limit N stops after N mutants.
+missed ones, again); --in-diff only those in the lines a diff touches (cargo mutants
+--in-diff: scripts/mutants_ci.sh); --limit N stops after N mutants; --fallback N runs at most N
+of the fallback mutants (an evenly spread sample when there are more); --fail-on-missed exits
+with 1 when a mutant survives (in either part).
 
 One difference from cargo-mutants, by design: an operator is replaced in the expression tree,
 where cargo-mutants' changed text is parsed again (`(a - b) + c` with `+` -> `*` is `(a - b) *
@@ -105,7 +109,11 @@ def main():
     ap.add_argument("--remaining", action="store_true")
     ap.add_argument("--timeout", type=int, default=int(os.environ.get("MUTANTS_TIMEOUT", 120)))
     ap.add_argument("--limit", type=int)
-    ap.add_argument("--fallback", action="store_true")
+    ap.add_argument("--in-diff")
+    ap.add_argument("--target-dir", help="cargo's target folder (default: in the scratch folder, "
+                    "one per crate, so that two crates can run at once)")
+    ap.add_argument("--fallback", nargs="?", type=int, const=-1, default=None)
+    ap.add_argument("--fail-on-missed", action="store_true")
     a = ap.parse_args()
     pkg, var = PACKAGES[a.crate]
     date = time.strftime("%Y-%m-%d")
@@ -120,14 +128,19 @@ def main():
     os.makedirs(work, exist_ok=True)
     if shutil.which("cargo-mutants") is None:
         sh(["cargo", "install", "cargo-mutants", "--locked", "--version", "27.1.0"])
-    sh(["cargo", "build", "--release", "--quiet", "--manifest-path",
+    sh(["cargo", "build", "--release", "--locked", "--quiet", "--manifest-path",
         os.path.join(TOOL_DIR, "Cargo.toml")])
     tool = os.path.join(TOOL_DIR, "target", "release", "mutants-schemata")
     listing = os.path.join(work, "list.json")
     with open(listing, "w") as f:
-        sh(["cargo", "mutants", "--list", "--json", "--package", pkg], cwd=ROOT, stdout=f)
+        diff = ["--in-diff", os.path.abspath(a.in_diff)] if a.in_diff else []
+        sh(["cargo", "mutants", "--list", "--json", "--package", pkg, *diff], cwd=ROOT,
+           stdout=f)
     mutants = json.load(open(listing))
     names = [m["name"] for m in mutants]
+    if not mutants:
+        print(f"{a.crate}: no mutant")
+        return 0
 
     wanted = set(range(len(mutants)))
     if a.remaining:
@@ -141,7 +154,7 @@ def main():
         shutil.rmtree(tree)
     os.makedirs(tree)
     extract(tree, ["."])
-    env = dict(os.environ, CARGO_TARGET_DIR=os.path.join(work, "target"),
+    env = dict(os.environ, CARGO_TARGET_DIR=a.target_dir or os.path.join(work, "target"),
                CARGO_PROFILE_DEV_DEBUG="0", PROPTEST_RNG_SEED=os.environ.get(
                    "PROPTEST_RNG_SEED", "20261203"), PROPTEST_MAX_SHRINK_TIME="1")
     env.pop(var, None)
@@ -175,6 +188,20 @@ def main():
     build_s = time.time() - build_start
     fallback = sorted(disabled | set(cmap["unplaced"]))
 
+    child = []
+
+    def stop(signum, _frame):
+        # A run stopped by hand takes its tests with it (they run in a session of their own).
+        for p in child:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
     def run_tests(mutant):
         e = dict(env)
         if mutant is not None:
@@ -183,6 +210,7 @@ def main():
         p = subprocess.Popen(["cargo", "test", "--quiet", *selection], cwd=tree, env=e,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              start_new_session=True)
+        child[:] = [p]
         try:
             log, _ = p.communicate(timeout=a.timeout)
             rc = p.returncode
@@ -249,12 +277,21 @@ def main():
     with open(os.path.join(out, "summary.txt"), "w") as f:
         f.write("\n".join(summary) + "\n")
     print("\n".join(summary))
-    if a.fallback and fallback:
-        todo_names = [names[i] for i in fallback if i in wanted]
-        if todo_names:
-            rx = "^(?:" + "|".join(rust_escape(n) for n in todo_names) + ")$"
-            sh([os.path.join(ROOT, "scripts", "mutants.sh"), a.crate, "",
-                os.path.join(out, "fallback")], cwd=ROOT, env=dict(os.environ, MUTANTS_RE=rx))
+    missed = counts["missed"]
+    todo_names = [names[i] for i in fallback if i in wanted]
+    if a.fallback is not None and todo_names:
+        if 0 < a.fallback < len(todo_names):
+            step = len(todo_names) / a.fallback
+            todo_names = [todo_names[int(k * step)] for k in range(a.fallback)]
+            print(f"fallback: a sample of {a.fallback} of the {len(fallback)} mutants")
+        rx = "^(?:" + "|".join(rust_escape(n) for n in todo_names) + ")$"
+        fb = os.path.join(out, "fallback")
+        subprocess.run([os.path.join(ROOT, "scripts", "mutants.sh"), a.crate, "", fb], cwd=ROOT,
+                       env=dict(os.environ, MUTANTS_RE=rx))
+        fm = os.path.join(fb, "mutants.out", "missed.txt")
+        if os.path.exists(fm):
+            missed += sum(1 for l in open(fm) if l.strip())
+    return 1 if a.fail_on_missed and missed else 0
 
 
 def rust_escape(s):
@@ -262,4 +299,4 @@ def rust_escape(s):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

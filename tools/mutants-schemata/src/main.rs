@@ -7,9 +7,14 @@
 //! environment variable given with `--env`), so one build of the crate and its tests serves all
 //! of them, and each mutant costs only its tests. `scripts/mutants_schemata.py` drives it.
 //!
-//! Each mutant behaves as cargo-mutants' textual change does, with one difference, by design:
-//! an operator is replaced in the expression tree (`(a - b) + c` with `+` → `*` is
-//! `(a - b) * c`), where cargo-mutants' text would be parsed again (`a - b * c`).
+//! Each mutant is cargo-mutants' own textual change: a switch chooses between the mutated text
+//! and the original, around the smallest expression the change can affect. For an operator that
+//! is the whole chain of binary operations it stands in, since the changed text is parsed again
+//! as cargo-mutants' is (`a - b + c` with `+` → `*` is `a - (b * c)`, and `a && b && c` with
+//! the first `&&` → `||` is `a || (b && c)`); for the others, the unary operation, the match
+//! guard, the struct expression, or the function (an early return at its start). Only one mutant
+//! is on in a run, so a mutant's branch holds plain text, and only the original branch holds the
+//! other switches.
 //!
 //! ```text
 //! mutants-schemata --list LIST.json --root DIR --env VAR --map MAP.json [--disable IDS]
@@ -97,26 +102,14 @@ type Range = (usize, usize);
 /// Byte ranges of the rewritten file, each with the mutants whose code it holds.
 type Ranges = Vec<(usize, usize, Vec<u32>)>;
 
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
-enum BinClass {
-    /// `==`, `<`, …: operands compared by reference, as the operator does.
-    Compare,
-    /// `&&`, `||`: the right operand is evaluated only when needed.
-    Lazy,
-    /// `+=`, …: a place is assigned.
-    Assign,
-    /// `+`, `&`, `<<`, …: operands taken by value.
-    Value,
-}
-
 #[derive(Clone, Copy)]
 struct BinSite {
-    region: (usize, usize),
-    op: (usize, usize),
-    lhs: (usize, usize),
-    rhs: (usize, usize),
-    class: BinClass,
-    /// A `let` inside (a let chain): cannot be moved into a `match`.
+    /// The chain of binary operations the operator stands in: its textual replacement can
+    /// regroup the operands anywhere in it, and nowhere else (parentheses, calls and blocks end
+    /// it; unary operators and casts bind tighter than any binary one).
+    chain: Range,
+    op: Range,
+    /// A `let` in the chain (a let chain): it cannot stand inside an `if` of its own.
     has_let: bool,
 }
 
@@ -142,6 +135,9 @@ struct Sites {
 struct Finder<'a> {
     lines: &'a Lines<'a>,
     sites: Sites,
+    /// While visiting the operands of a binary operation: the chain's range and whether it
+    /// holds a `let`.
+    chain: Option<(Range, bool)>,
 }
 
 impl Finder<'_> {
@@ -154,36 +150,48 @@ fn key(lc: LineColumn) -> (usize, usize) {
     (lc.line, lc.column)
 }
 
-fn is_let(e: &syn::Expr) -> bool {
-    match e {
-        syn::Expr::Let(_) => true,
-        syn::Expr::Binary(b) => is_let(&b.left) || is_let(&b.right),
-        _ => false,
+/// Whether a chain of binary operations holds a `let` (a let chain).
+fn has_let(e: &syn::ExprBinary) -> bool {
+    fn walk(e: &syn::Expr) -> bool {
+        match e {
+            syn::Expr::Let(_) => true,
+            syn::Expr::Binary(b) => walk(&b.left) || walk(&b.right),
+            _ => false,
+        }
     }
+    walk(&e.left) || walk(&e.right)
 }
 
 impl<'ast> Visit<'ast> for Finder<'_> {
     fn visit_expr_binary(&mut self, e: &'ast syn::ExprBinary) {
-        use syn::BinOp::*;
-        let class = match e.op {
-            Eq(_) | Ne(_) | Lt(_) | Le(_) | Gt(_) | Ge(_) => BinClass::Compare,
-            And(_) | Or(_) => BinClass::Lazy,
-            AddAssign(_) | SubAssign(_) | MulAssign(_) | DivAssign(_) | RemAssign(_)
-            | BitXorAssign(_) | BitAndAssign(_) | BitOrAssign(_) | ShlAssign(_) | ShrAssign(_) => {
-                BinClass::Assign
-            }
-            _ => BinClass::Value,
-        };
-        let site = BinSite {
-            region: self.range(e.span()),
-            op: self.range(e.op.span()),
-            lhs: self.range(e.left.span()),
-            rhs: self.range(e.right.span()),
-            class,
-            has_let: is_let(&e.left) || is_let(&e.right),
-        };
-        self.sites.binary.insert(key(e.op.span().start()), site);
-        syn::visit::visit_expr_binary(self, e);
+        let chain = self
+            .chain
+            .unwrap_or_else(|| (self.range(e.span()), has_let(e)));
+        self.sites.binary.insert(
+            key(e.op.span().start()),
+            BinSite {
+                chain: chain.0,
+                op: self.range(e.op.span()),
+                has_let: chain.1,
+            },
+        );
+        for operand in [&*e.left, &*e.right] {
+            let saved = self.chain;
+            self.chain = matches!(operand, syn::Expr::Binary(_)).then_some(chain);
+            self.visit_expr(operand);
+            self.chain = saved;
+        }
+    }
+
+    fn visit_expr(&mut self, e: &'ast syn::Expr) {
+        // Only a binary operation's direct binary operands continue its chain.
+        if !matches!(e, syn::Expr::Binary(_)) {
+            let saved = self.chain.take();
+            syn::visit::visit_expr(self, e);
+            self.chain = saved;
+        } else {
+            syn::visit::visit_expr(self, e);
+        }
     }
 
     fn visit_expr_unary(&mut self, e: &'ast syn::ExprUnary) {
@@ -229,8 +237,9 @@ impl<'ast> Visit<'ast> for Finder<'_> {
     }
 }
 
+/// One mutant of a region: its text when switched on.
 enum Variant {
-    /// The region's text as it is, with this byte range replaced by this text.
+    /// The region's source with this byte range replaced by this text.
     Replace(usize, usize, String),
     /// This text in place of the whole region.
     Whole(String),
@@ -244,8 +253,8 @@ enum Kind {
     Guard,
     /// A struct expression: its mutants delete a field.
     Struct,
-    /// A binary operation: its mutants replace the operator.
-    Binary(BinClass),
+    /// A chain of binary operations: its mutants replace an operator.
+    Binary,
     /// A unary operation: its mutants delete the operator.
     Unary,
 }
@@ -254,10 +263,8 @@ struct Node {
     start: usize,
     end: usize,
     kind: Kind,
-    site: Option<BinSite>,
-    /// Unary: the operand's range.
-    operand: (usize, usize),
-    point_text: String,
+    /// A point's text.
+    text: String,
     variants: Vec<(u32, Variant)>,
     kids: Vec<usize>,
 }
@@ -285,129 +292,38 @@ impl Render<'_> {
         self.out.push_str(&self.src[cursor..hi]);
     }
 
-    fn emit_replacing(
-        &mut self,
-        lo: usize,
-        hi: usize,
-        kids: &[usize],
-        a: usize,
-        b: usize,
-        t: &str,
-    ) {
-        self.emit(lo, a, kids);
-        self.out.push_str(t);
-        self.emit(b, hi, kids);
-    }
-
-    fn switch(&mut self, id: u32) {
-        self.out.push_str(&format!("if crate::__mutant({id}) {{ "));
-    }
-
+    /// A region: `(if crate::__mutant(A) { A's text } else if … else { the original })`. Only
+    /// the original holds the switches of the regions inside: one mutant is on at a time.
     fn node(&mut self, k: usize) {
         let begin = self.out.len();
-        let kids = self.nodes[k].kids.clone();
-        let (start, end, kind) = (self.nodes[k].start, self.nodes[k].end, self.nodes[k].kind);
-        let variants: Vec<(u32, Variant)> = std::mem::take(&mut self.nodes[k].variants);
-        let ids: Vec<u32> = variants.iter().map(|v| v.0).collect();
-        match kind {
-            Kind::Point => {
-                let t = self.nodes[k].point_text.clone();
-                self.out.push_str(&t);
-            }
-            Kind::Guard | Kind::Struct => {
-                self.out.push('(');
-                for (id, v) in &variants {
-                    self.switch(*id);
-                    let b = self.out.len();
-                    match v {
-                        Variant::Whole(t) => self.out.push_str(t),
-                        Variant::Replace(x, y, t) => {
-                            self.emit_replacing(start, end, &kids, *x, *y, t)
-                        }
-                    }
-                    self.ranges.push((b, self.out.len(), vec![*id]));
-                    self.out.push_str(" } else ");
-                }
-                self.out.push_str("{ ");
-                self.emit(start, end, &kids);
-                self.out.push_str(" })");
-            }
-            Kind::Binary(class) => {
-                let site = self.nodes[k].site.expect("a binary node has its site");
-                let op = self.src[site.op.0..site.op.1].to_string();
-                let new_op = |v: &Variant| match v {
-                    Variant::Replace(_, _, t) | Variant::Whole(t) => t.clone(),
-                };
-                match class {
-                    BinClass::Compare | BinClass::Value => {
-                        let (amp, star) = if class == BinClass::Compare {
-                            ("&", "*")
-                        } else {
-                            ("", "")
-                        };
-                        self.out.push_str(&format!("(match ({amp}("));
-                        self.emit(site.lhs.0, site.lhs.1, &kids);
-                        self.out.push_str(&format!("), {amp}("));
-                        self.emit(site.rhs.0, site.rhs.1, &kids);
-                        self.out.push_str(")) { (__l, __r) => ");
-                        for (id, v) in &variants {
-                            self.switch(*id);
-                            let b = self.out.len();
-                            self.out
-                                .push_str(&format!("{star}__l {} {star}__r", new_op(v)));
-                            self.ranges.push((b, self.out.len(), vec![*id]));
-                            self.out.push_str(" } else ");
-                        }
-                        self.out
-                            .push_str(&format!("{{ {star}__l {op} {star}__r }} }})"));
-                    }
-                    BinClass::Lazy => {
-                        self.out.push_str("(match (");
-                        self.emit(site.lhs.0, site.lhs.1, &kids);
-                        self.out.push_str(") { __l => ");
-                        for (id, v) in &variants {
-                            self.switch(*id);
-                            let b = self.out.len();
-                            self.out.push_str(&format!("__l {} (", new_op(v)));
-                            self.emit(site.rhs.0, site.rhs.1, &kids);
-                            self.out.push(')');
-                            self.ranges.push((b, self.out.len(), vec![*id]));
-                            self.out.push_str(" } else ");
-                        }
-                        self.out.push_str(&format!("{{ __l {op} ("));
-                        self.emit(site.rhs.0, site.rhs.1, &kids);
-                        self.out.push_str(") } })");
-                    }
-                    BinClass::Assign => {
-                        self.out.push('(');
-                        for (id, v) in &variants {
-                            self.switch(*id);
-                            let b = self.out.len();
-                            let t = new_op(v);
-                            self.emit_replacing(start, end, &kids, site.op.0, site.op.1, &t);
-                            self.ranges.push((b, self.out.len(), vec![*id]));
-                            self.out.push_str(" } else ");
-                        }
-                        self.out.push_str("{ ");
-                        self.emit(start, end, &kids);
-                        self.out.push_str(" })");
+        let (start, end) = (self.nodes[k].start, self.nodes[k].end);
+        let mut ids = Vec::new();
+        if self.nodes[k].kind == Kind::Point {
+            let t = std::mem::take(&mut self.nodes[k].text);
+            self.out.push_str(&t);
+            ids.extend(self.nodes[k].variants.iter().map(|v| v.0));
+        } else {
+            self.out.push('(');
+            for (id, v) in &self.nodes[k].variants {
+                self.out.push_str(&format!("if crate::__mutant({id}) {{ "));
+                let b = self.out.len();
+                match v {
+                    Variant::Whole(t) => self.out.push_str(t),
+                    Variant::Replace(x, y, t) => {
+                        self.out.push_str(&self.src[start..*x]);
+                        self.out.push_str(t);
+                        self.out.push_str(&self.src[*y..end]);
                     }
                 }
+                self.ranges.push((b, self.out.len(), vec![*id]));
+                self.out.push_str(" } else ");
+                ids.push(*id);
             }
-            Kind::Unary => {
-                let (os, oe) = (self.nodes[k].operand.0, self.nodes[k].operand.1);
-                let op = self.src[start..os].trim().to_string();
-                self.out.push_str("(match (");
-                self.emit(os, oe, &kids);
-                self.out.push_str(") { __v => ");
-                for (id, _) in &variants {
-                    self.switch(*id);
-                    self.out.push_str("__v } else ");
-                }
-                self.out.push_str(&format!("{{ {op}__v }} }})"));
-            }
+            self.out.push_str("{ ");
+            let kids = std::mem::take(&mut self.nodes[k].kids);
+            self.emit(start, end, &kids);
+            self.out.push_str(" })");
         }
-        self.nodes[k].variants = variants;
         self.ranges.push((begin, self.out.len(), ids));
     }
 }
@@ -423,35 +339,37 @@ fn rewrite(
     let mut finder = Finder {
         lines: &lines,
         sites: Sites::default(),
+        chain: None,
     };
     finder.visit_file(&file);
     let sites = finder.sites;
 
-    // Groups: (start, end, kind) → node.
+    // Regions, one per (range, kind), each with its mutants; points, one per mutant.
     let mut nodes: Vec<Node> = Vec::new();
     let mut group: HashMap<(usize, usize, Kind), usize> = HashMap::new();
-    let mut add = |nodes: &mut Vec<Node>,
-                   start: usize,
-                   end: usize,
-                   kind: Kind,
-                   site: Option<BinSite>,
-                   operand: (usize, usize),
-                   id: u32,
-                   v: Variant| {
+    let mut add = |nodes: &mut Vec<Node>, (start, end): Range, kind: Kind, id: u32, v: Variant| {
         let i = *group.entry((start, end, kind)).or_insert_with(|| {
             nodes.push(Node {
                 start,
                 end,
                 kind,
-                site,
-                operand,
-                point_text: String::new(),
+                text: String::new(),
                 variants: Vec::new(),
                 kids: Vec::new(),
             });
             nodes.len() - 1
         });
         nodes[i].variants.push((id, v));
+    };
+    let point = |nodes: &mut Vec<Node>, at: usize, text: String, id: u32| {
+        nodes.push(Node {
+            start: at,
+            end: at,
+            kind: Kind::Point,
+            text,
+            variants: vec![(id, Variant::Whole(String::new()))],
+            kids: Vec::new(),
+        })
     };
     for &(id, m) in mutants {
         let k = (m.span.start.line, m.span.start.column.saturating_sub(1));
@@ -469,50 +387,37 @@ fn rewrite(
             .is_some_and(|f| f.return_type.contains("impl "));
         match m.genre.as_str() {
             "FnValue" if returns_impl => unplaced.push(id),
-            "FnValue" => nodes.push(Node {
-                start: at(&m.span.start),
-                end: at(&m.span.start),
-                kind: Kind::Point,
-                site: None,
-                operand: (0, 0),
-                point_text: format!("if crate::__mutant({id}) {{ return {}; }} ", m.replacement),
-                variants: vec![(id, Variant::Whole(String::new()))],
-                kids: Vec::new(),
-            }),
+            "FnValue" => point(
+                &mut nodes,
+                at(&m.span.start),
+                format!("if crate::__mutant({id}) {{ return {}; }} ", m.replacement),
+                id,
+            ),
             "BinaryOperator" => match sites.binary.get(&k) {
                 Some(s) if !s.has_let => add(
                     &mut nodes,
-                    s.region.0,
-                    s.region.1,
-                    Kind::Binary(s.class),
-                    Some(*s),
-                    (0, 0),
+                    s.chain,
+                    Kind::Binary,
                     id,
-                    Variant::Whole(m.replacement.clone()),
+                    Variant::Replace(s.op.0, s.op.1, m.replacement.clone()),
                 ),
                 _ => unplaced.push(id),
             },
             "UnaryOperator" => match sites.unary.get(&k) {
-                Some(&(region, _, operand)) => add(
+                Some(&(region, op, _)) => add(
                     &mut nodes,
-                    region.0,
-                    region.1,
+                    region,
                     Kind::Unary,
-                    None,
-                    operand,
                     id,
-                    Variant::Whole(String::new()),
+                    Variant::Replace(op.0, op.1, String::new()),
                 ),
                 None => unplaced.push(id),
             },
             "MatchArmGuard" => match sites.guard.get(&k) {
-                Some(&(s, e)) => add(
+                Some(&g) => add(
                     &mut nodes,
-                    s,
-                    e,
+                    g,
                     Kind::Guard,
-                    None,
-                    (0, 0),
                     id,
                     Variant::Whole(m.replacement.clone()),
                 ),
@@ -520,56 +425,34 @@ fn rewrite(
             },
             "MatchArm" => match sites.arm.get(&k) {
                 // A deleted arm is an arm that never matches: its guard is false.
-                Some(ArmSite {
-                    guard: Some((s, e)),
-                    ..
-                }) => add(
+                Some(ArmSite { guard: Some(g), .. }) => add(
                     &mut nodes,
-                    *s,
-                    *e,
+                    *g,
                     Kind::Guard,
-                    None,
-                    (0, 0),
                     id,
                     Variant::Whole("false".into()),
                 ),
                 // Without a `_` arm the match would no longer be exhaustive: cargo-mutants
                 // builds it, and finds it unviable.
                 Some(ArmSite {
-                    catch_all: false,
-                    guard: None,
-                    ..
+                    catch_all: false, ..
                 }) => unplaced.push(id),
-                Some(ArmSite {
-                    pat_end,
-                    guard: None,
-                    ..
-                }) => nodes.push(Node {
-                    start: *pat_end,
-                    end: *pat_end,
-                    kind: Kind::Point,
-                    site: None,
-                    operand: (0, 0),
-                    point_text: format!(" if !crate::__mutant({id})"),
-                    variants: vec![(id, Variant::Whole(String::new()))],
-                    kids: Vec::new(),
-                }),
+                Some(ArmSite { pat_end, .. }) => point(
+                    &mut nodes,
+                    *pat_end,
+                    format!(" if !crate::__mutant({id})"),
+                    id,
+                ),
                 None => unplaced.push(id),
             },
             "StructField" => match sites.field.get(&k) {
-                Some(&(s, e)) => {
-                    let (a, b) = (at(&m.span.start), at(&m.span.end));
-                    add(
-                        &mut nodes,
-                        s,
-                        e,
-                        Kind::Struct,
-                        None,
-                        (0, 0),
-                        id,
-                        Variant::Replace(a, b, String::new()),
-                    )
-                }
+                Some(&region) => add(
+                    &mut nodes,
+                    region,
+                    Kind::Struct,
+                    id,
+                    Variant::Replace(at(&m.span.start), at(&m.span.end), String::new()),
+                ),
                 None => unplaced.push(id),
             },
             _ => unplaced.push(id),
@@ -582,7 +465,7 @@ fn rewrite(
         Kind::Point => 0,
         Kind::Guard => 1,
         Kind::Struct => 2,
-        Kind::Binary(_) => 3,
+        Kind::Binary => 3,
         Kind::Unary => 4,
     };
     let mut order: Vec<usize> = (0..nodes.len()).collect();
