@@ -731,6 +731,25 @@ mod tests {
     }
 
     #[test]
+    fn rule_18b_an_adoption_the_device_cannot_hold_reports_the_bytes_still_free() {
+        // A 64 MiB device holding one 20 MiB segment has 44 MiB free: a 50 MiB segment to
+        // adopt does not fit, and the error says so with the device's free bytes, not its
+        // capacity or more.
+        let mut m = Model::new(ModelConfig::pytorch_defaults(64 * MIB));
+        m.malloc(4 * MIB, 0).unwrap();
+        assert_eq!(m.device.used(), 20 * MIB);
+        let before = m.clone();
+        assert_eq!(
+            m.adopt_segment(large(50 * MIB, vec![free(50 * MIB)])),
+            Err(ModelError::AdoptionOutOfMemory {
+                size: 50 * MIB,
+                device_free: 44 * MIB,
+            })
+        );
+        assert_eq!(m.layout(), before.layout());
+    }
+
+    #[test]
     fn free_blocks_enter_the_free_set_at_age_zero() {
         let mut config = ModelConfig::pytorch_defaults(1 << 30);
         config.garbage_collection_threshold = 0.5;

@@ -835,6 +835,39 @@ fn an_adopted_range_may_end_with_an_unmapped_block_reaching_its_end_but_none_bef
 }
 
 #[test]
+fn rule_18f_a_range_the_device_cannot_hold_reports_its_mapped_bytes_and_the_bytes_still_free() {
+    // A 64 MiB device with one 20 MiB page mapped has 44 MiB free: a range whose first three
+    // pages are mapped (60 MiB) does not fit, and the error gives the mapped bytes and the
+    // device's free bytes.
+    let (capacity, page, size, address) = large_range_facts();
+    assert!(size >= 3 * page);
+    let mut m = model(capacity);
+    m.malloc(page, 0).unwrap();
+    assert_eq!(m.device.used(), page);
+    let range = large_range(
+        address,
+        vec![
+            AdoptedBlock {
+                size: 2 * page,
+                state: AdoptedState::Free,
+            },
+            AdoptedBlock {
+                size: page,
+                state: AdoptedState::Allocated { requested: page },
+            },
+        ],
+    );
+    assert_eq!(
+        m.adopt_range(range),
+        Err(ModelError::AdoptionOutOfMemory {
+            size: 3 * page,
+            device_free: capacity - page,
+        })
+    );
+    assert_eq!(ranges(&m).len(), 1);
+}
+
+#[test]
 fn an_adopted_range_refuses_a_block_of_no_bytes_or_not_a_multiple_of_512() {
     // Rule 18a's block sizes, for a range (rule 18f): every block a nonzero multiple of 512,
     // even where the blocks still tile the range exactly.
