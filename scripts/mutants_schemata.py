@@ -15,10 +15,12 @@ harness's unit and integration tests but the GPU tests and loom models, PROPTEST
 pinned, no shrinking) run with its number in the environment.
 
 1. The copy is HEAD's tree (`git archive`): the crate's sources must be committed.
-2. A mutant whose switch does not compile (a `const fn`, an `impl Trait` return, a let chain)
-   is found from the compiler's errors, left out, and the copy built again; these, and any the
-   tool could not place, are listed in fallback.txt and run with cargo-mutants
-   (scripts/mutants.sh, one build each) when --fallback is given.
+2. The compiler's errors are traced to the mutants they lie in, which are left out, and the
+   copy is built again. A mutant whose own changed text does not compile (a `Default::default()`
+   of a type without one) is unviable, as cargo-mutants would find it. One whose switch does
+   not (in a `const`), and one the tool does not place (an `impl Trait` return, a let chain),
+   are listed in fallback.txt and run with cargo-mutants (scripts/mutants.sh, one build each)
+   when --fallback is given.
 3. The tests are run once with no mutant: they must pass.
 4. Each mutant: caught (the tests fail), missed (they pass), timeout (still running after
    --timeout s, default 120: the whole selection takes about 50 s). The lists and summary.txt
@@ -77,10 +79,11 @@ def extract(tree, paths):
 
 
 def error_ids(messages, ranges):
-    """Mutant numbers whose code holds each compile error, innermost first; and the errors
-    that are in no mutant's code."""
+    """The mutants the compile errors lie in: those whose own changed text holds an error
+    (unviable: cargo-mutants' build of the same text in the same place fails too), those whose
+    switch does (left out, for cargo-mutants), and the errors in no mutant's code."""
     index = {f: sorted(r, key=lambda x: (x[0], -x[1])) for f, r in ranges.items()}
-    ids, stray = set(), []
+    unviable, switch, stray = set(), set(), []
     for m in messages:
         if m.get("reason") != "compiler-message" or m["message"]["level"] != "error":
             continue
@@ -93,12 +96,12 @@ def error_ids(messages, ranges):
             inside = [r for r in rs if r[0] <= s["byte_start"] < max(r[1], r[0] + 1)]
             if inside:
                 best = min(inside, key=lambda r: r[1] - r[0])
-                ids.update(best[2])
+                (unviable if best[3] else switch).update(best[2])
                 found = True
                 break
         if not found and spans:
             stray.append(m["message"]["rendered"])
-    return ids, stray
+    return unviable, switch, stray
 
 
 def main():
@@ -159,7 +162,7 @@ def main():
                    "PROPTEST_RNG_SEED", "20261203"), PROPTEST_MAX_SHRINK_TIME="1")
     env.pop(var, None)
     selection = ["-p", pkg, "-p", "cachalot-harness", *test_selection(a.crate)]
-    disabled = set()
+    disabled, unviable = set(), set()
     disable_file = os.path.join(work, "disabled.txt")
     mapf = os.path.join(work, "map.json")
     build_start = time.time()
@@ -176,17 +179,18 @@ def main():
         if r.returncode == 0:
             break
         msgs = [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
-        ids, stray = error_ids(msgs, cmap["ranges"])
-        if not ids:
+        bad, switch, stray = error_ids(msgs, cmap["ranges"])
+        if not bad and not switch:
             sys.exit("the schemata do not build, and not in a mutant's code:\n"
                      + "\n".join(stray[:5]) + r.stderr[-3000:])
-        print(f"build {attempt + 1}: {len(ids)} mutants do not compile as switches; "
-              "left out", flush=True)
-        disabled |= ids
+        print(f"build {attempt + 1}: {len(bad)} mutants unviable (their own text does not "
+              f"compile), {len(switch)} whose switch does not: left out", flush=True)
+        unviable |= bad
+        disabled |= bad | switch
     else:
         sys.exit("the schemata still do not build after 30 attempts")
     build_s = time.time() - build_start
-    fallback = sorted(disabled | set(cmap["unplaced"]))
+    fallback = sorted((disabled - unviable) | set(cmap["unplaced"]))
 
     child = []
 
@@ -235,9 +239,11 @@ def main():
              ("caught", "missed", "timeout", "unviable")}
     with open(os.path.join(out, "fallback.txt"), "w") as f:
         f.write("".join(names[i] + "\n" for i in fallback if i in wanted))
+    lists["unviable"].write("".join(names[i] + "\n" for i in sorted(unviable) if i in wanted))
+    lists["unviable"].flush()
     times = open(os.path.join(out, "times.tsv"), "w")
     times.write("mutant\toutcome\tseconds\n")
-    todo = [i for i in sorted(wanted) if i not in set(fallback)]
+    todo = [i for i in sorted(wanted) if i not in set(fallback) and i not in unviable]
     if a.limit is not None:
         todo = todo[:a.limit]
     counts = {o: 0 for o in lists}
@@ -263,13 +269,13 @@ def main():
     summary = [
         header,
         f"machine: {os.cpu_count()} cores, {cpu}",
-        f"schemata build: {build_s:.0f} s ({len(disabled)} mutants left out as not compiling, "
-        f"{len(cmap['unplaced'])} not placed: fallback.txt)   tests with no mutant: "
-        f"{base_s:.1f} s",
+        f"schemata build: {build_s:.0f} s ({len(unviable)} unviable, {len(disabled - unviable)} "
+        f"whose switch does not compile and {len(cmap['unplaced'])} not placed: "
+        f"fallback.txt)   tests with no mutant: {base_s:.1f} s",
         f"run time: {elapsed:.0f} s for {len(todo)} mutants "
         f"({elapsed / max(len(todo), 1):.1f} s each)",
         f"caught {counts['caught']}, timeout {counts['timeout']}, missed {counts['missed']}, "
-        f"unviable 0",
+        f"unviable {len([i for i in unviable if i in wanted])}",
     ]
     if viable:
         summary.append(f"score (caught + timeout) / viable: "

@@ -65,8 +65,9 @@ struct Mutant {
 
 #[derive(Serialize, Default)]
 struct Map {
-    /// File → `(start, end, mutant numbers)` byte ranges in the rewritten file.
-    ranges: BTreeMap<String, Vec<(usize, usize, Vec<u32>)>>,
+    /// File → `(start, end, mutant numbers, a mutant's own text)` byte ranges in the rewritten
+    /// file.
+    ranges: BTreeMap<String, Ranges>,
     /// Mutants not written into the source (no matching syntax, or a form that cannot be
     /// switched at run time): the driver runs them with cargo-mutants.
     unplaced: Vec<u32>,
@@ -99,8 +100,10 @@ impl<'a> Lines<'a> {
 /// A byte range `[start, end)` of a source file.
 type Range = (usize, usize);
 
-/// Byte ranges of the rewritten file, each with the mutants whose code it holds.
-type Ranges = Vec<(usize, usize, Vec<u32>)>;
+/// Byte ranges of the rewritten file, each with the mutants whose code it holds, and whether
+/// it is one mutant's own text (its changed code: an error there makes the mutant unviable, as
+/// cargo-mutants' build of the same text would find) rather than a switch around it.
+type Ranges = Vec<(usize, usize, Vec<u32>, bool)>;
 
 #[derive(Clone, Copy)]
 struct BinSite {
@@ -299,9 +302,18 @@ impl Render<'_> {
         let (start, end) = (self.nodes[k].start, self.nodes[k].end);
         let mut ids = Vec::new();
         if self.nodes[k].kind == Kind::Point {
+            // `if crate::__mutant(ID) { return VALUE; } ` or ` if !crate::__mutant(ID)`.
             let t = std::mem::take(&mut self.nodes[k].text);
+            let id = self.nodes[k].variants[0].0;
+            if let Some(value) = t
+                .strip_prefix(&format!("if crate::__mutant({id}) {{ return "))
+                .and_then(|r| r.strip_suffix("; } "))
+            {
+                let b = begin + t.len() - value.len() - 4;
+                self.ranges.push((b, b + value.len(), vec![id], true));
+            }
             self.out.push_str(&t);
-            ids.extend(self.nodes[k].variants.iter().map(|v| v.0));
+            ids.push(id);
         } else {
             self.out.push('(');
             for (id, v) in &self.nodes[k].variants {
@@ -315,7 +327,7 @@ impl Render<'_> {
                         self.out.push_str(&self.src[*y..end]);
                     }
                 }
-                self.ranges.push((b, self.out.len(), vec![*id]));
+                self.ranges.push((b, self.out.len(), vec![*id], true));
                 self.out.push_str(" } else ");
                 ids.push(*id);
             }
@@ -324,7 +336,7 @@ impl Render<'_> {
             self.emit(start, end, &kids);
             self.out.push_str(" })");
         }
-        self.ranges.push((begin, self.out.len(), ids));
+        self.ranges.push((begin, self.out.len(), ids, false));
     }
 }
 
