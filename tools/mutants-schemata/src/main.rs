@@ -170,17 +170,21 @@ impl<'ast> Visit<'ast> for Finder<'_> {
         let chain = self
             .chain
             .unwrap_or_else(|| (self.range(e.span()), has_let(e)));
+        // A let chain's `&&`s cannot stand inside an `if` of their own (and `||` is not allowed
+        // among them): they stay with cargo-mutants. Each of its conditions is a chain of its
+        // own, which a switch can hold.
+        let spine = chain.1 && matches!(e.op, syn::BinOp::And(_));
         self.sites.binary.insert(
             key(e.op.span().start()),
             BinSite {
                 chain: chain.0,
                 op: self.range(e.op.span()),
-                has_let: chain.1,
+                has_let: spine || chain.1,
             },
         );
         for operand in [&*e.left, &*e.right] {
             let saved = self.chain;
-            self.chain = matches!(operand, syn::Expr::Binary(_)).then_some(chain);
+            self.chain = (!spine && matches!(operand, syn::Expr::Binary(_))).then_some(chain);
             self.visit_expr(operand);
             self.chain = saved;
         }
