@@ -23,7 +23,10 @@ pinned, no shrinking) run with its number in the environment.
    when --fallback is given.
 3. The tests are run once with no mutant: they must pass.
 4. Each mutant: caught (the tests fail), missed (they pass), timeout (still running after
-   --timeout s, default 120: the whole selection takes about 50 s). The lists and summary.txt
+   --timeout s, default 120: the whole selection takes about 50 s). The test executables are
+   run directly, one after another, stopping at the first that fails, and the one that caught
+   the last mutant goes first (a function's mutants are mostly caught by the same tests).
+   The lists and summary.txt
    are those of scripts/mutants.sh, written as the run goes, so scripts/mutants_ledger.py counts
    a run stopped halfway.
 
@@ -176,9 +179,14 @@ def main():
         cmap = json.load(open(mapf))
         r = subprocess.run(["cargo", "test", "--no-run", "--message-format=json", *selection],
                            cwd=tree, env=env, capture_output=True, text=True)
-        if r.returncode == 0:
-            break
         msgs = [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
+        if r.returncode == 0:
+            # The test executables, each with its package's folder (cargo runs a test there).
+            binaries = [(f"{m['target']['name']} ({m['package_id'].split('#')[0].split('/')[-1]})",
+                         m["executable"], os.path.dirname(m["manifest_path"]))
+                        for m in msgs if m.get("reason") == "compiler-artifact"
+                        and m.get("executable") and m["profile"]["test"]]
+            break
         bad, switch, stray = error_ids(msgs, cmap["ranges"])
         if not bad and not switch:
             sys.exit("the schemata do not build, and not in a mutant's code:\n"
@@ -206,23 +214,41 @@ def main():
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
 
+    # Each mutant runs the test executables themselves, one after another, stopping at the first
+    # that fails (as `cargo test` does, without its start-up and its replay of the build's
+    # warnings), the one that caught the last mutant first: a function's mutants are mostly
+    # caught by the same tests, so the binary that catches is usually the first one run.
+    order = list(range(len(binaries)))
+
     def run_tests(mutant):
         e = dict(env)
         if mutant is not None:
             e[var] = str(mutant)
         t = time.time()
-        p = subprocess.Popen(["cargo", "test", "--quiet", *selection], cwd=tree, env=e,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             start_new_session=True)
-        child[:] = [p]
-        try:
-            log, _ = p.communicate(timeout=a.timeout)
-            rc = p.returncode
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            log, _ = p.communicate()
-            rc = None
-        return rc, time.time() - t, log
+        log = []
+        for b in list(order):
+            name, exe, cwd = binaries[b]
+            left = a.timeout - (time.time() - t)
+            if left <= 0:
+                return None, time.time() - t, "".join(log)
+            p = subprocess.Popen([exe, "--quiet"], cwd=cwd, env=dict(e, CARGO_MANIFEST_DIR=cwd),
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 start_new_session=True)
+            child[:] = [p]
+            try:
+                out_, _ = p.communicate(timeout=left)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                out_, _ = p.communicate()
+                log.append(f"== {name}: still running after {a.timeout} s in all\n{out_}")
+                return None, time.time() - t, "".join(log)
+            log.append(f"== {name}: exit {p.returncode}\n{out_}")
+            if p.returncode != 0:
+                if mutant is not None:
+                    order.remove(b)
+                    order.insert(0, b)
+                return p.returncode, time.time() - t, "".join(log)
+        return 0, time.time() - t, "".join(log)
 
     rc, base_s, log = run_tests(None)
     if rc != 0:
