@@ -134,9 +134,6 @@ def main():
     os.makedirs(work, exist_ok=True)
     if shutil.which("cargo-mutants") is None:
         sh(["cargo", "install", "cargo-mutants", "--locked", "--version", "27.1.0"])
-    sh(["cargo", "build", "--release", "--locked", "--quiet", "--manifest-path",
-        os.path.join(TOOL_DIR, "Cargo.toml")])
-    tool = os.path.join(TOOL_DIR, "target", "release", "mutants-schemata")
     listing = os.path.join(work, "list.json")
     with open(listing, "w") as f:
         diff = ["--in-diff", os.path.abspath(a.in_diff)] if a.in_diff else []
@@ -155,7 +152,14 @@ def main():
         res = [re.compile(line.split("\t")[2]) for line in r.stdout.splitlines() if line.strip()]
         wanted = {i for i, n in enumerate(names) if any(x.fullmatch(n) for x in res)}
 
+    if not wanted:
+        print(f"{a.crate}: every mutant has an outcome")
+        return 0
+
     # Build the schemata, leaving out what does not compile.
+    sh(["cargo", "build", "--release", "--locked", "--quiet", "--manifest-path",
+        os.path.join(TOOL_DIR, "Cargo.toml")])
+    tool = os.path.join(TOOL_DIR, "target", "release", "mutants-schemata")
     if os.path.isdir(tree):
         shutil.rmtree(tree)
     os.makedirs(tree)
