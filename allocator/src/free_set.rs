@@ -163,7 +163,6 @@ impl DoubleEndedIterator for BinIter<'_> {
 #[derive(Debug, Clone)]
 struct StreamSet {
     stream: StreamId,
-    len: usize,
     /// Bit `c % 64` of word `c / 64`: class `c` holds keys.
     words: [u64; WORDS],
     /// Bit `w`: word `w` is not zero.
@@ -175,7 +174,6 @@ impl StreamSet {
     fn new(stream: StreamId) -> Self {
         StreamSet {
             stream,
-            len: 0,
             words: [0; WORDS],
             summary: 0,
             bins: (0..CLASSES).map(|_| Bin::default()).collect(),
@@ -259,7 +257,6 @@ impl FreeSet {
             return false;
         }
         s.mark(c);
-        s.len += 1;
         self.len += 1;
         true
     }
@@ -279,7 +276,6 @@ impl FreeSet {
         if s.bins[c].len() == 0 {
             s.unmark(c);
         }
-        s.len -= 1;
         self.len -= 1;
         true
     }

@@ -115,3 +115,13 @@ fn a_hit_pair_completes_while_another_thread_holds_the_shared_lock() {
         "the thread exited: its cache went back"
     );
 }
+
+#[test]
+fn an_allocator_shows_its_thread_cache_size_when_debug_printed() {
+    // Rule 17's one setting the front end holds: what a user printing the allocator sees.
+    let shown = format!("{:?}", allocator(true));
+    assert!(
+        shown.starts_with("Allocator") && shown.contains("thread_cache_blocks: 8"),
+        "{shown}"
+    );
+}
