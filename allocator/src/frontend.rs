@@ -627,3 +627,30 @@ impl<B: Backend> Allocator<B> {
         f(self.lock().core.backend_mut())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::SimDevice;
+
+    #[test]
+    fn dropping_the_allocator_closes_its_thread_registry() {
+        // A thread's cache outlives the thread in the registry until the allocator flushes
+        // it; when the allocator goes first, its drop lets those caches go (and a thread
+        // exiting later keeps none there).
+        let mut settings = Settings::cachalot();
+        settings.thread_cache_blocks = 8;
+        let a = Allocator::new(SimDevice::new(1 << 30), settings).unwrap();
+        let registry = Arc::clone(&a.shared.registry);
+        let b = a.clone();
+        std::thread::spawn(move || {
+            let p = b.malloc(4096, StreamId(0)).unwrap();
+            b.free(p).unwrap();
+        })
+        .join()
+        .unwrap();
+        assert!(registry.has_retired());
+        drop(a);
+        assert!(registry.take_retired().is_empty());
+    }
+}

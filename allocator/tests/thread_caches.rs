@@ -125,3 +125,47 @@ fn an_allocator_shows_its_thread_cache_size_when_debug_printed() {
         "{shown}"
     );
 }
+
+#[test]
+fn rule_17a_a_request_of_exactly_the_largest_size_returns_parked_blocks_before_it_fails() {
+    // 2^60 bytes is the largest request rule 1 admits: it goes past the thread cache like
+    // any other, so parked blocks go back to the pool before the device is asked (and
+    // refuses).
+    let a = allocator(false);
+    let p = a.malloc(4096, StreamId(0)).unwrap();
+    a.free(p).unwrap();
+    assert_eq!(
+        a.stats().allocated_bytes.all.current,
+        4096,
+        "parked, still allocated"
+    );
+    assert!(a.malloc(1 << 60, StreamId(0)).is_err());
+    assert_eq!(
+        a.stats().allocated_bytes.all.current,
+        0,
+        "the parked block went back"
+    );
+}
+
+#[test]
+fn rule_17_while_the_history_is_recorded_a_block_handed_out_before_is_freed_not_parked() {
+    // Recording sets the thread caches' size to 0: a block handed out before it started is
+    // freed in the core when the program frees it, as the history has to show.
+    let a = allocator(false);
+    let p = a.malloc(4096, StreamId(0)).unwrap();
+    a.record_history(Some(100));
+    a.free(p).unwrap();
+    assert_eq!(a.stats().allocated_bytes.all.current, 0);
+}
+
+#[test]
+fn reset_peak_stats_sets_every_peak_to_its_current_value_through_the_front_end() {
+    let a = allocator(false);
+    let p = a.malloc(8 * MIB, StreamId(0)).unwrap();
+    a.free(p).unwrap();
+    assert_eq!(a.stats().allocated_bytes.all.peak, (8 * MIB) as i64);
+    a.reset_peak_stats();
+    let s = a.stats();
+    assert_eq!(s.allocated_bytes.all.peak, s.allocated_bytes.all.current);
+    assert_eq!(s.reserved_bytes.all.peak, s.reserved_bytes.all.current);
+}
