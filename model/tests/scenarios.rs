@@ -592,3 +592,27 @@ fn rule_22c_rehoming_a_lent_block_whose_page_has_its_home_just_before_it_keeps_t
     assert_eq!(m.0.device_used(), 0);
     assert_eq!(m.allocated_reserved(), (0, 0));
 }
+
+#[test]
+fn rule_19j_a_handle_size_is_unset_or_whole_mib_from_2_mib_to_2_to_the_20_mib_and_not_beside_aliasing()
+ {
+    let mut c = ModelConfig::pytorch_defaults(GIB);
+    assert!(c.expandable_handle_is_valid(), "unset");
+    for (handle, valid) in [
+        (2 * MIB, true),
+        (3 * MIB, true),
+        ((1 << 20) * MIB, true),
+        (MIB, false),
+        (0, false),
+        (2 * MIB + 512, false),
+        ((1 << 20) * MIB + MIB, false),
+    ] {
+        c.expandable_handle = Some(handle);
+        assert_eq!(c.expandable_handle_is_valid(), valid, "{handle}");
+    }
+    c.expandable_handle = Some(4 * MIB);
+    c.page_aliasing = true;
+    assert!(!c.expandable_handle_is_valid(), "beside page aliasing");
+    c.expandable_handle = None;
+    assert!(c.expandable_handle_is_valid(), "unset, beside page aliasing");
+}
