@@ -614,5 +614,8 @@ fn rule_19j_a_handle_size_is_unset_or_whole_mib_from_2_mib_to_2_to_the_20_mib_an
     c.page_aliasing = true;
     assert!(!c.expandable_handle_is_valid(), "beside page aliasing");
     c.expandable_handle = None;
-    assert!(c.expandable_handle_is_valid(), "unset, beside page aliasing");
+    assert!(
+        c.expandable_handle_is_valid(),
+        "unset, beside page aliasing"
+    );
 }
