@@ -26,6 +26,8 @@ pinned, no shrinking) run with its number in the environment.
    --timeout s, default 120: the whole selection takes about 50 s). The test executables are
    run directly, one after another, stopping at the first that fails, and the one that caught
    the last mutant goes first (a function's mutants are mostly caught by the same tests).
+   Each test process may use at most MUTANTS_MEMORY_GIB (6) GiB of address space: a mutant
+   that allocates without end fails there (caught) instead of taking the machine's memory.
    The lists and summary.txt
    are those of scripts/mutants.sh, written as the run goes, so scripts/mutants_ledger.py counts
    a run stopped halfway.
@@ -45,6 +47,7 @@ import bisect
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -224,6 +227,13 @@ def main():
     # caught by the same tests, so the binary that catches is usually the first one run.
     order = list(range(len(binaries)))
 
+    def limit_memory():
+        # A mutant that makes a test allocate without end (a page size of 0, a loop that
+        # never stops growing a vector) fails at this bound instead of taking the machine's
+        # memory from the other run; no test needs near this much.
+        gib = int(os.environ.get("MUTANTS_MEMORY_GIB", "6"))
+        resource.setrlimit(resource.RLIMIT_AS, (gib << 30, gib << 30))
+
     def run_tests(mutant):
         e = dict(env)
         if mutant is not None:
@@ -237,7 +247,7 @@ def main():
                 return None, time.time() - t, "".join(log)
             p = subprocess.Popen([exe, "--quiet"], cwd=cwd, env=dict(e, CARGO_MANIFEST_DIR=cwd),
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                 start_new_session=True)
+                                 start_new_session=True, preexec_fn=limit_memory)
             child[:] = [p]
             try:
                 out_, _ = p.communicate(timeout=left)
