@@ -23,7 +23,9 @@ pinned, no shrinking) run with its number in the environment.
    when --fallback is given.
 3. The tests are run once with no mutant: they must pass.
 4. Each mutant: caught (the tests fail), missed (they pass), timeout (still running after
-   --timeout s, default 120: the whole selection takes about 50 s). The test executables are
+   --timeout s, default 120: the whole selection takes about 50 s, or past 5 times an
+   executable's own time with no mutant plus 20 s, cargo-mutants' rule applied to each
+   executable, so a hang in a unit test is found in seconds). The test executables are
    run directly, one after another, stopping at the first that fails, and the one that caught
    the last mutant goes first (a function's mutants are mostly caught by the same tests).
    Each test process may use at most MUTANTS_MEMORY_GIB (6) GiB of address space: a mutant
@@ -226,6 +228,10 @@ def main():
     # warnings), the one that caught the last mutant first: a function's mutants are mostly
     # caught by the same tests, so the binary that catches is usually the first one run.
     order = list(range(len(binaries)))
+    # Each executable's time with no mutant; a mutant's run of it is a timeout past 5 times
+    # that plus 20 s (cargo-mutants' rule for the whole run, applied to each executable, so a
+    # hang in a test of a fraction of a second costs 20 s, not --timeout).
+    base = [None] * len(binaries)
 
     def limit_memory():
         # A mutant that makes a test allocate without end (a page size of 0, a loop that
@@ -243,8 +249,11 @@ def main():
         for b in list(order):
             name, exe, cwd = binaries[b]
             left = a.timeout - (time.time() - t)
+            if base[b] is not None:
+                left = min(left, 5 * base[b] + 20)
             if left <= 0:
                 return None, time.time() - t, "".join(log)
+            started = time.time()
             p = subprocess.Popen([exe, "--quiet"], cwd=cwd, env=dict(e, CARGO_MANIFEST_DIR=cwd),
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                  start_new_session=True, preexec_fn=limit_memory)
@@ -254,9 +263,11 @@ def main():
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 out_, _ = p.communicate()
-                log.append(f"== {name}: still running after {a.timeout} s in all\n{out_}")
+                log.append(f"== {name}: still running after {left:.0f} s\n{out_}")
                 return None, time.time() - t, "".join(log)
             log.append(f"== {name}: exit {p.returncode}\n{out_}")
+            if mutant is None:
+                base[b] = time.time() - started
             if p.returncode != 0:
                 if mutant is not None:
                     order.remove(b)
