@@ -235,6 +235,29 @@ fn range_with_a_hole(m: &mut Model) {
 }
 
 #[test]
+fn rule_19b_a_hole_too_small_for_the_request_is_passed_over_for_the_tail() {
+    // A, B, C mapped; B freed and its page unmapped: a 20 MiB hole between two allocated
+    // blocks. A 40 MiB request cannot start there (its run ends at C after 20 MiB): it
+    // starts at the unmapped tail after C.
+    let mut m = model(1 << 30);
+    let a = malloc(&mut m, 20 * MIB, 0).unwrap();
+    let b = malloc(&mut m, 20 * MIB, 0).unwrap();
+    let c = malloc(&mut m, 20 * MIB, 0).unwrap();
+    free(&mut m, b);
+    empty_cache(&mut m);
+    assert_eq!(
+        ranges(&m)[0][..3],
+        [
+            (0, 20 * MIB, "alloc"),
+            (20 * MIB, 20 * MIB, "unmapped"),
+            (40 * MIB, 20 * MIB, "alloc"),
+        ]
+    );
+    assert_eq!(malloc(&mut m, 40 * MIB, 0), Ok(BASE + 60 * MIB));
+    assert_eq!((a, c), (BASE, BASE + 40 * MIB));
+}
+
+#[test]
 fn one_request_may_take_two_map_steps_through_an_unmapped_hole() {
     let mut m = model(1 << 30);
     range_with_a_hole(&mut m);
