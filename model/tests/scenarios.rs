@@ -360,6 +360,27 @@ fn releasing_several_oversize_blocks_largest_first_makes_room() {
 }
 
 #[test]
+fn rule_11_stops_releasing_oversize_blocks_once_exactly_the_key_is_released() {
+    // Three free 30 MiB oversize segments, 30 MiB of the device free: a 60 MiB request
+    // releases two of them (30 + 30 = the key, 60 MiB) and keeps the third.
+    let mut config = ModelConfig::pytorch_defaults(120 * MIB);
+    config.max_split_size = 30 * MIB;
+    let mut m = Checked::new(config);
+    let blocks = [
+        m.alloc(30 * MIB, 0),
+        m.alloc(30 * MIB, 0),
+        m.alloc(30 * MIB, 0),
+    ];
+    for b in blocks {
+        m.free(b);
+    }
+    m.alloc(60 * MIB, 0);
+    let stats = m.0.stats();
+    assert_eq!((stats.num_device_free, stats.num_alloc_retries), (2, 0));
+    assert_eq!(m.0.device_used(), 90 * MIB);
+}
+
+#[test]
 fn too_few_oversize_bytes_fall_through_to_releasing_everything() {
     let mut config = ModelConfig::pytorch_defaults(80 * MIB);
     config.max_split_size = 30 * MIB;
