@@ -47,8 +47,12 @@ def current_mutants(pkg):
 
 def parse_summary(path):
     head = open(path).readline()
-    fields = dict(re.findall(r"(\w[\w ]*?):\s+(\S+)", head))
-    return fields.get("crate"), fields.get("commit"), fields.get("date", "")
+
+    def field(key):
+        m = re.search(rf"(?:^|\s){key}:\s+(\S+)", head)
+        return m.group(1) if m else None
+
+    return field("crate"), field("commit"), field("date") or ""
 
 
 def runs(extra):

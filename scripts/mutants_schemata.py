@@ -282,7 +282,7 @@ def main():
     os.makedirs(out, exist_ok=True)
     logs = os.path.join(work, "log")
     os.makedirs(logs, exist_ok=True)
-    header = (f"crate: {pkg}   shard: schemata{' remaining' if a.remaining else ''}   "
+    header = (f"crate: {pkg}   shard: schemata{'-remaining' if a.remaining else ''}   "
               f"date: {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}   commit: {commit}")
     with open(os.path.join(out, "summary.txt"), "w") as f:
         f.write(header + "   (running)\n")
