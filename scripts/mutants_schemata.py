@@ -144,7 +144,9 @@ def main():
         diff = ["--in-diff", os.path.abspath(a.in_diff)] if a.in_diff else []
         sh(["cargo", "mutants", "--list", "--json", "--package", pkg, *diff], cwd=ROOT,
            stdout=f)
-    mutants = json.load(open(listing))
+    # With --in-diff and nothing to mutate, cargo-mutants prints nothing at all.
+    text = open(listing).read().strip()
+    mutants = json.loads(text) if text else []
     names = [m["name"] for m in mutants]
     if not mutants:
         print(f"{a.crate}: no mutant")
