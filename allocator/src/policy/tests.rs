@@ -1326,3 +1326,42 @@ fn an_adopted_range_may_end_with_an_unmapped_block_reaching_its_end_but_none_bef
     );
     assert_eq!(c.stats().reserved_bytes.all.current, 0);
 }
+
+// --- the core's small queries --------------------------------------------------------------
+
+#[test]
+fn record_history_of_zero_entries_stops_recording() {
+    let mut c = core(1 << 30);
+    c.record_history(Some(10));
+    assert!(c.history_options().is_some());
+    c.record_history(Some(0));
+    assert!(c.history_options().is_none(), "Some(0) is PyTorch's stop");
+}
+
+#[test]
+fn live_allocations_counts_the_blocks_handed_out_and_not_freed() {
+    let mut c = core(1 << 30);
+    assert_eq!(c.live_allocations(), 0);
+    let a = c.malloc(4096, StreamId(0)).unwrap();
+    let b = c.malloc(8 << 20, StreamId(0)).unwrap();
+    assert_eq!(c.live_allocations(), 2);
+    c.free(a).unwrap();
+    assert_eq!(c.live_allocations(), 1);
+    c.free(b).unwrap();
+    assert_eq!(c.live_allocations(), 0);
+}
+
+#[test]
+fn rule_17a_has_cached_block_first_returns_the_blocks_whose_events_completed() {
+    // A block freed after use on stream 1 is pending; once stream 1's work completes, rule 5
+    // (run by the question itself) returns it, and a request it fits is served from the
+    // cache.
+    let mut c = core(1 << 30);
+    let (s0, s1) = (StreamId(0), StreamId(1));
+    let a = c.malloc(20 << 20, s0).unwrap(); // a whole 20 MiB segment
+    c.record_stream(a, s1).unwrap();
+    c.free(a).unwrap();
+    assert_eq!(c.has_cached_block(20 << 20, s0), Ok(false), "pending");
+    c.backend_mut().complete_stream(s1);
+    assert_eq!(c.has_cached_block(20 << 20, s0), Ok(true));
+}
