@@ -1365,3 +1365,37 @@ fn rule_17a_has_cached_block_first_returns_the_blocks_whose_events_completed() {
     c.backend_mut().complete_stream(s1);
     assert_eq!(c.has_cached_block(20 << 20, s0), Ok(true));
 }
+
+#[test]
+fn rule_12_counts_the_searches_of_rule_17as_served_requests_in_the_ages() {
+    // The collection above, with the searches that age the old segment made by
+    // `malloc_if_cached` (rule 17a's request served from the cache): each counts, so the old
+    // segment is older than the young one and collected alone.
+    let mut settings = Settings::pytorch();
+    settings.set_garbage_collection_threshold(0.5).unwrap();
+    settings.set_max_split_size_mb(21).unwrap();
+    let mut c = CachingCore::new(SimDevice::new(1000 * MIB), settings).unwrap();
+    c.set_memory_fraction(1.0).unwrap();
+    let s = StreamId(0);
+    let old = c.malloc(40 * MIB, s).unwrap();
+    let young = c.malloc(20 * MIB, s).unwrap();
+    let cached = c.malloc(12 * MIB, s).unwrap();
+    c.free(cached).unwrap();
+    c.free(old).unwrap();
+    for _ in 0..3 {
+        let b = c.malloc_if_cached(12 * MIB, s).unwrap();
+        assert_eq!(b, Some(cached));
+        c.free(cached).unwrap();
+    }
+    c.free(young).unwrap();
+    // 40 + 20 + 12 + 468 = 540 MiB reserved: 40 MiB above the threshold of 500.
+    c.malloc(468 * MIB, s).unwrap();
+    c.malloc(60 * MIB, s).unwrap();
+    let left: Vec<u64> = c.segments().iter().map(|g| g.address).collect();
+    assert!(!left.contains(&old), "the old free segment is collected");
+    assert!(left.contains(&young), "the young segment is not as old");
+    assert!(
+        left.contains(&cached),
+        "nor is the one the three requests took"
+    );
+}
