@@ -784,3 +784,25 @@ fn the_checker_catches_a_held_piece_that_is_unmapped_or_keeps_a_requested_size()
     m.segments[0].blocks[i].requested = 512;
     assert!(m.check_invariants().is_err());
 }
+
+#[test]
+fn rule_23f_makes_no_view_when_the_growth_reaches_the_limit_exactly() {
+    // Rule 20's test is `reserved + need > limit`: at equality the range grows and no view
+    // is made. Blocks of 2 MiB a1, x, a2, z, then a1 and a2 freed: 8 MiB reserved, the
+    // requested bytes' high water 8 MiB. A 4 MiB request (4 MiB live) has w = 8 MiB and the
+    // limit 8 + ⌊8 × 0.5⌋ = 12 MiB, exactly reserved + need.
+    let mut c = config(1 << 30);
+    c.reclaim_headroom = Some(0.5);
+    let mut m = Model::new(c);
+    let a1 = malloc(&mut m, 2 * MIB);
+    let _x = malloc(&mut m, 2 * MIB);
+    let a2 = malloc(&mut m, 2 * MIB);
+    let _z = malloc(&mut m, 2 * MIB);
+    free(&mut m, a1);
+    free(&mut m, a2);
+    assert_eq!(m.stats().reserved_bytes.all.current, (8 * MIB) as i64);
+    let b = malloc(&mut m, 4 * MIB);
+    assert_eq!(b, a1 + 8 * MIB, "the range's tail");
+    assert_eq!(m.stats().reserved_bytes.all.current, (12 * MIB) as i64);
+    assert!(m.views.is_empty());
+}
