@@ -806,3 +806,28 @@ fn rule_23f_makes_no_view_when_the_growth_reaches_the_limit_exactly() {
     assert_eq!(m.stats().reserved_bytes.all.current, (12 * MIB) as i64);
     assert!(m.views.is_empty());
 }
+
+#[test]
+fn rule_23f_a_view_over_one_page_handles_apart_maps_each_run_with_its_own_alias() {
+    // Rule 19j: a 4 MiB map step is one handle of two pages, a 2 MiB step a handle of one.
+    // Freed, the three steps are one free block whose free pages (rule 23f: one-page handles'
+    // slots only) are its first and last slots, two apart: a view of both is two runs, two
+    // aliases, not one over the handle between them.
+    let mut c = config(1 << 30);
+    c.expandable_handle = Some(4 * MIB);
+    let mut m = Model::new(c);
+    let p0 = malloc(&mut m, 2 * MIB);
+    let p1 = malloc(&mut m, 4 * MIB);
+    let p2 = malloc(&mut m, 2 * MIB);
+    assert_eq!((p1, p2), (p0 + 2 * MIB, p0 + 6 * MIB));
+    for p in [p0, p1, p2] {
+        free(&mut m, p);
+    }
+    assert_eq!(m.stats().num_device_alloc, 3);
+    // Stream 1 has no block: over the limit (no headroom), a view of 2 pages from stream 0's
+    // free pages (rule 23k).
+    let v = malloc_on(&mut m, 4 * MIB, 1);
+    assert_eq!(m.views.len(), 1);
+    assert!(v < p0 || v >= p0 + 8 * MIB, "a view's own address");
+    assert_eq!(m.stats().num_device_alloc, 5, "one alias per run");
+}
