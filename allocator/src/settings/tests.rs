@@ -945,6 +945,17 @@ fn from_env_gives_the_defaults_for_an_unset_or_impossible_variable() {
 }
 
 #[test]
+fn from_env_reads_the_variable_it_names() {
+    // No test may set a variable (other tests read the environment at the same time), so
+    // this reads one every test process has: PATH, whose value is no configuration string.
+    // Read and parsed, it is refused; not read, it would give the defaults.
+    let path = std::env::var("PATH").expect("PATH is set");
+    assert!(!path.is_empty());
+    assert_eq!(Settings::from_env("PATH"), Settings::parse(&path));
+    assert!(Settings::from_env("PATH").is_err(), "{path}");
+}
+
+#[test]
 fn from_env_parses_the_value_and_refuses_non_unicode() {
     use std::ffi::OsString;
     assert_eq!(
