@@ -640,3 +640,21 @@ fn rule_19j_a_handle_size_is_unset_or_whole_mib_from_2_mib_to_2_to_the_20_mib_an
         "unset, beside page aliasing"
     );
 }
+
+#[test]
+fn rule_17a_a_request_of_exactly_the_largest_size_frees_parked_blocks_before_it_fails() {
+    // The model's twin of the front end's test: 2^60 bytes is admitted by rule 1, so it is a
+    // request like any other and parked blocks are freed before the device refuses it.
+    let mut config = ModelConfig::pytorch_defaults(GIB);
+    config.thread_cache_blocks = 8;
+    let mut m = Model::new(config);
+    let a = m.malloc_on(1, 4096, 0).unwrap();
+    m.free_on(1, a).unwrap();
+    assert_eq!(m.stats().allocated_bytes.all.current, 4096, "parked");
+    assert!(m.malloc_on(1, 1 << 60, 0).is_err());
+    assert_eq!(
+        m.stats().allocated_bytes.all.current,
+        0,
+        "freed before the refusal"
+    );
+}
