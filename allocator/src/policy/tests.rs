@@ -284,16 +284,22 @@ fn oversize_release_frees_the_largest_blocks_first_until_the_key_is_reached() {
 
 // --- rule 12: garbage collection -----------------------------------------------------------
 
-#[test]
-fn rule_12_stops_once_exactly_the_target_is_reclaimed() {
-    // A 1,000 MiB device, all of it allowed, collected above half of it; blocks of 21 MiB or
-    // more are not split for smaller requests (rule 6), so the 12 MiB requests below make
-    // segments of their own and leave the old free segment whole.
+/// A 1,000 MiB device, all of it allowed, collected above half of it (rule 12); blocks of
+/// 21 MiB or more are not split for smaller requests (rule 6).
+fn collected_above_half() -> CachingCore<SimDevice> {
     let mut settings = Settings::pytorch();
     settings.set_garbage_collection_threshold(0.5).unwrap();
     settings.set_max_split_size_mb(21).unwrap();
     let mut c = CachingCore::new(SimDevice::new(1000 * MIB), settings).unwrap();
     c.set_memory_fraction(1.0).unwrap();
+    c
+}
+
+#[test]
+fn rule_12_stops_once_exactly_the_target_is_reclaimed() {
+    // The 12 MiB requests below make segments of their own (blocks of 21 MiB or more are not
+    // split for them) and leave the old free segment whole.
+    let mut c = collected_above_half();
     let s = StreamId(0);
     let old = c.malloc(40 * MIB, s).unwrap();
     let young = c.malloc(20 * MIB, s).unwrap();
@@ -1371,11 +1377,7 @@ fn rule_12_counts_the_searches_of_rule_17as_served_requests_in_the_ages() {
     // The collection above, with the searches that age the old segment made by
     // `malloc_if_cached` (rule 17a's request served from the cache): each counts, so the old
     // segment is older than the young one and collected alone.
-    let mut settings = Settings::pytorch();
-    settings.set_garbage_collection_threshold(0.5).unwrap();
-    settings.set_max_split_size_mb(21).unwrap();
-    let mut c = CachingCore::new(SimDevice::new(1000 * MIB), settings).unwrap();
-    c.set_memory_fraction(1.0).unwrap();
+    let mut c = collected_above_half();
     let s = StreamId(0);
     let old = c.malloc(40 * MIB, s).unwrap();
     let young = c.malloc(20 * MIB, s).unwrap();
