@@ -2,7 +2,7 @@
 """The full mutation run in one build per crate: mutant schemata (issue: prove the tests bite).
 
     scripts/mutants_schemata.py allocator|model [--out DIR] [--work DIR] [--remaining]
-                                [--in-diff DIFF] [--target-dir DIR] [--timeout S] [--limit N] [--fallback [N]]
+                                [--in-diff DIFF] [--names FILE] [--target-dir DIR] [--timeout S] [--limit N] [--fallback [N]]
                                 [--fail-on-missed]
 
 cargo-mutants builds each mutant on its own, and on the 2-core VM that build (25-50 s: the
@@ -35,7 +35,7 @@ pinned, no shrinking) run with its number in the environment.
    a run stopped halfway.
 
 --remaining runs only the mutants the ledger has no outcome for on today's sources (and its
-missed ones, again); --in-diff only those in the lines a diff touches (cargo mutants
+missed ones, again); --names FILE only the mutants named in FILE; --in-diff only those in the lines a diff touches (cargo mutants
 --in-diff: scripts/mutants_ci.sh); --limit N stops after N mutants; --fallback N runs at most N
 of the fallback mutants (an evenly spread sample when there are more); --fail-on-missed exits
 with 1 when a mutant survives (in either part).
@@ -121,6 +121,8 @@ def main():
     ap.add_argument("--timeout", type=int, default=int(os.environ.get("MUTANTS_TIMEOUT", 120)))
     ap.add_argument("--limit", type=int)
     ap.add_argument("--in-diff")
+    ap.add_argument("--names", help="a file of mutant names, one a line: only these (say, the "
+                    "ledger's survivors, run again after tests were written for them)")
     ap.add_argument("--target-dir", help="cargo's target folder (default: in the scratch folder, "
                     "one per crate, so that two crates can run at once)")
     ap.add_argument("--fallback", nargs="?", type=int, const=-1, default=None)
@@ -159,6 +161,9 @@ def main():
         res = [re.compile(line.split("\t")[2]) for line in r.stdout.splitlines() if line.strip()]
         wanted = {i for i, n in enumerate(names) if any(x.fullmatch(n) for x in res)}
 
+    if a.names:
+        named = {l.strip() for l in open(a.names) if l.strip()}
+        wanted = {i for i in wanted if names[i] in named}
     if not wanted:
         print(f"{a.crate}: every mutant has an outcome")
         return 0
