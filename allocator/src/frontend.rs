@@ -631,7 +631,7 @@ impl<B: Backend> Allocator<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::SimDevice;
+    use crate::backend::sim::SimDevice;
 
     #[test]
     fn dropping_the_allocator_closes_its_thread_registry() {
