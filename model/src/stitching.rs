@@ -463,13 +463,13 @@ impl Model {
             .iter()
             .flat_map(|&(first, slots)| (0..slots).map(move |i| first + i * page))
             .collect();
-        self.view_tick += 1;
         self.views.push(View {
             number: self.next_view,
             address,
             stream,
             homes,
-            last_used: self.view_tick,
+            // Stamped by `hand_out_view` below, as every hand-out is.
+            last_used: 0,
             allocation: None,
         });
         self.next_view += 1;

@@ -304,23 +304,24 @@ impl<B: Backend> CachingCore<B> {
     }
 
     /// Rule 22f: the home slots of the pages that lent slots of the growth's run `[run.0,
-    /// run.1)` map, found from the run's block `id` (the blocks before and after it that
-    /// overlap the run, only their slots inside it).
+    /// run.1)` map, found from the block `id` of the map step (the blocks from it on that
+    /// overlap the run, only their slots inside it). The run's bytes before `id` need no
+    /// look: rule 19b's steps go in address order and each leaves the bytes it covered in
+    /// the growth's one free mapped block, which lends nothing.
     fn run_homes(&self, id: BlockId, run: (u64, u64)) -> Vec<u64> {
         let Some(t) = &self.pages else {
             return Vec::new();
         };
-        // From the first block overlapping the run.
-        let mut first = id;
-        while let Some(p) = self.blocks.get(first).prev {
-            let b = self.blocks.get(p);
-            if b.address + b.size <= run.0 {
-                break;
-            }
-            first = p;
-        }
+        debug_assert!(
+            self.blocks
+                .get(id)
+                .prev
+                .map(|p| self.blocks.get(p))
+                .is_none_or(|p| { p.backing != Backing::Lent || p.address + p.size <= run.0 }),
+            "rule 19b: the run's bytes before a map step lie in the growth's free block"
+        );
         let mut homes = Vec::new();
-        let mut cur = Some(first);
+        let mut cur = Some(id);
         while let Some(c) = cur {
             let b = self.blocks.get(c);
             if b.address >= run.1 {
@@ -407,7 +408,7 @@ impl<B: Backend> CachingCore<B> {
         let mut i = 0;
         while i < moved.len() {
             let (range, first) = (moved[i].1.home_range, moved[i].1.home);
-            let mut j = i + 1;
+            let mut j = i;
             while j < moved.len()
                 && moved[j].1.home_range == range
                 && moved[j].1.home == first + (j - i) as u64 * page

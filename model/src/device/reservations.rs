@@ -570,4 +570,68 @@ mod tests {
         assert!(device.map(b + 10 * MIB, 30 * MIB));
         assert_eq!(device.used(), 70 * MIB);
     }
+
+    #[test]
+    fn rule_18f_an_adopted_run_must_be_whole_slots_inside_the_range() {
+        use crate::device::AdoptRefusal;
+        let mut device = Device::new(100 * MIB, Vec::new());
+        let base = DEVICE_BASE;
+        // A 40 MiB range of 10 MiB slots: a run off a slot boundary, one not a whole number
+        // of slots, one before the range and one past its end are each refused, and the
+        // device is left as it was.
+        for run in [
+            (base + 5 * MIB, 10 * MIB),
+            (base, 15 * MIB),
+            (base - 10 * MIB, 10 * MIB),
+            (base + 30 * MIB, 20 * MIB),
+        ] {
+            assert_eq!(
+                device.adopt_range(base, 40 * MIB, 10 * MIB, &[run]),
+                Err(AdoptRefusal::Unusable),
+                "{run:x?}"
+            );
+            assert!(device.reservations().is_empty());
+            assert_eq!(device.used(), 0);
+        }
+        // Whole slots inside it are taken: a new page at every slot.
+        let runs = [(base, 20 * MIB), (base + 30 * MIB, 10 * MIB)];
+        assert_eq!(device.adopt_range(base, 40 * MIB, 10 * MIB, &runs), Ok(()));
+        assert_eq!(device.used(), 30 * MIB);
+        assert_eq!(device.reservations()[0].mapped_runs(), runs.to_vec());
+    }
+
+    #[test]
+    #[should_panic(expected = "part of the handle")]
+    fn rule_19j_a_handle_mapping_is_unmapped_only_whole() {
+        // cuMemUnmap takes a mapping whole: a handle of two pages cannot lose one.
+        let mut device = Device::new(100 * MIB, Vec::new());
+        let base = device.reserve(40 * MIB, 10 * MIB);
+        assert!(device.map_handle(base, 20 * MIB));
+        device.unmap(base + 10 * MIB, 10 * MIB);
+    }
+
+    #[test]
+    #[should_panic(expected = "part of a handle")]
+    fn rule_19j_a_handle_of_several_pages_is_never_aliased() {
+        let mut device = Device::new(100 * MIB, Vec::new());
+        let base = device.reserve(40 * MIB, 10 * MIB);
+        assert!(device.map_handle(base, 20 * MIB));
+        device.alias(base + 20 * MIB, base, 10 * MIB);
+    }
+
+    #[test]
+    fn rule_19j_a_handle_unmapped_whole_leaves_its_slots_to_pages() {
+        // Once the handle's mapping is gone, its slots map one-page handles again, and those
+        // may be aliased.
+        let mut device = Device::new(100 * MIB, Vec::new());
+        let base = device.reserve(40 * MIB, 10 * MIB);
+        assert!(device.map_handle(base, 20 * MIB));
+        device.unmap(base, 20 * MIB);
+        assert_eq!(device.used(), 0);
+        assert!(device.map(base, 20 * MIB));
+        assert!(device.alias(base + 20 * MIB, base, 10 * MIB));
+        assert_eq!(device.page_at(base + 20 * MIB), device.page_at(base));
+        device.unmap(base + 10 * MIB, 10 * MIB);
+        assert_eq!(device.used(), 10 * MIB);
+    }
 }

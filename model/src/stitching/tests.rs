@@ -578,6 +578,25 @@ fn the_cap_destroys_free_views_least_recently_used_first_until_the_new_one_fits(
     check(&m);
 }
 
+#[test]
+fn rule_23g_a_view_that_brings_the_views_to_the_cap_exactly_destroys_none() {
+    let mut m = all_free();
+    // Two views of 2 pages (8 MiB of the 16 MiB cap), both freed.
+    let a = malloc(&mut m, 4 * MIB);
+    let b = malloc(&mut m, 4 * MIB);
+    free(&mut m, a);
+    free(&mut m, b);
+    let (allocs, frees) = calls(&m);
+    // 8 + 8 = 16: the cap is not passed, so the new view is made beside them (one alias) and
+    // no view goes (no device free).
+    let c = malloc(&mut m, 8 * MIB);
+    assert_eq!(calls(&m), (allocs + 1, frees));
+    let sizes: Vec<u64> = m.views().iter().map(|&(_, s, _)| s).collect();
+    assert_eq!(sizes, vec![4 * MIB, 4 * MIB, 8 * MIB]);
+    assert_eq!(m.views[2].address, c);
+    free(&mut m, c);
+}
+
 // ---- 23h: destroying views ----
 
 #[test]
