@@ -69,7 +69,9 @@ def runs(extra):
         yield crate, commit, date, d, lists
 
 
-TESTS = re.compile(r"\n#\[cfg\(test\)\]\nmod tests \{\n.*\Z", re.S)
+# The module may be kept off for loom (`#[cfg(all(test, not(loom)))]`) and say why above it.
+TESTS = re.compile(
+    r"\n(?://[^\n]*\n)*#\[cfg\((?:test|all\(test, not\(loom\)\))\)\]\nmod tests \{\n.*\Z", re.S)
 
 
 def without_tests(source):

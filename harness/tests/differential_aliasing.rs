@@ -192,3 +192,65 @@ fn borrowing_passes_over_free_blocks_holding_homes_of_the_runs_lent_pages_alike(
         .collect();
     assert!(allocated.contains(&(39, 24)), "{allocated:?}");
 }
+
+#[test]
+fn borrowing_passes_over_a_free_block_whose_first_page_is_the_home_of_a_lent_page_of_the_run_alike()
+{
+    // Rule 22f's lender list leaves out a free block holding the home of a page that a lent
+    // slot of the growth's run maps, also when that home is the block's first page. Offsets in
+    // MiB from the range's address, 2 MiB pages. Adopted: [0, 20) unmapped, [20, 22) allocated,
+    // [22, 42) unmapped, [42, 44) free (one page), [44, 46) allocated, the rest unmapped.
+    let layout = [(20, 3), (2, 1), (20, 3), (2, 0), (2, 1)];
+    let range = AdoptSpec {
+        address: ADOPT_REGION,
+        size: 0,
+        stream: 0,
+        small: false,
+        blocks: layout
+            .iter()
+            .map(|&(mib, state)| adopted(mib * MIB, state))
+            .collect(),
+    };
+    let o = run(
+        Knobs {
+            max_split_size: 20 * MIB,
+            max_non_split_rounding_size: 40 * MIB,
+            capacity: 96 * MIB,
+            ..knobs(0.05)
+        },
+        vec![
+            Op::AdoptRange { range },
+            // 20 MiB at 0: 6 MiB reserved + 20 passes the limit (24 MiB requested at most, +
+            // 5 %) by less than a page: one page borrowed from [42, 44), which becomes lent,
+            // its home the first slot of the new block; 9 pages new.
+            malloc(20 * MIB),
+            // The 20 MiB block freed: its first page is that home.
+            free(2),
+            // 21 MiB: the growth starts at the unmapped [22, 42) and runs over the lent
+            // [42, 44). Its map step over the limit may not borrow from [0, 20) (that would
+            // move the lent page's home into the run): 10 new pages, then the lent slot
+            // re-homed, the home at 0 carved out of [0, 20).
+            malloc(21 * MIB),
+        ],
+    );
+    let blocks = |kind| -> Vec<(u64, u64)> {
+        o.layout
+            .iter()
+            .flat_map(|s| s.blocks.iter())
+            .filter(|b| b.kind == kind)
+            .map(|b| ((b.address - ADOPT_REGION) / MIB, b.size / MIB))
+            .collect()
+    };
+    use cachalot_harness::side::BlockKind;
+    assert!(
+        blocks(BlockKind::Allocated).contains(&(22, 21)),
+        "{:?}",
+        blocks(BlockKind::Allocated)
+    );
+    assert!(
+        blocks(BlockKind::Free).contains(&(2, 18)),
+        "the lender keeps its pages but the carved home: {:?}",
+        blocks(BlockKind::Free)
+    );
+    assert_eq!(stat(&o, "reserved_bytes.all.current"), (44 * MIB) as i64);
+}

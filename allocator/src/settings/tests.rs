@@ -990,6 +990,8 @@ fn the_defaults_display_as_the_empty_string() {
                    thread_cache_blocks:0";
     assert_eq!(Settings::pytorch().to_string(), pytorch);
     assert_eq!(Settings::parse(pytorch), Ok(Settings::pytorch()));
+    // The bound itself is taken.
+    assert_eq!(parse("thread_cache_blocks:1024").thread_cache_blocks, 1024);
     assert_eq!(
         Settings::parse("thread_cache_blocks:1025").unwrap_err(),
         SettingsError::InvalidValue {
@@ -1467,9 +1469,13 @@ fn expandable_handle_mb_takes_mib_from_2_to_2_pow_20_or_off_and_refuses_page_ali
     assert_eq!(Settings::pytorch().expandable_handle_size, None);
     assert_eq!(Settings::cachalot().expandable_handle_size, None);
     // Not beside page aliasing; asking for aliasing over an inherited threshold drops it.
-    let err = Settings::parse("expandable_handle_mb:8,page_aliasing:True,page_stitching:False")
-        .unwrap_err();
-    assert!(err.to_string().contains("expandable_handle_mb"), "{err}");
+    assert_invalid(
+        "expandable_handle_mb:8,page_aliasing:True,page_stitching:False",
+        "expandable_handle_mb",
+        "8",
+        "expandable_handle_mb cannot be set together with page_aliasing:True (rule 22 moves \
+         single pages, and a handle of several pages maps only whole)",
+    );
     let inherited = Settings::parse("expandable_handle_mb:8").unwrap();
     let aliasing = inherited
         .apply("page_aliasing:True,page_stitching:False")
