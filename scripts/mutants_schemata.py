@@ -30,13 +30,12 @@ pinned, no shrinking) run with its number in the environment.
    the last mutant goes first (a function's mutants are mostly caught by the same tests).
    Each test process may use at most MUTANTS_MEMORY_GIB (6) GiB of address space: a mutant
    that allocates without end fails there (caught) instead of taking the machine's memory.
-   The lists and summary.txt
-   are those of scripts/mutants.sh, written as the run goes, so scripts/mutants_ledger.py counts
-   a run stopped halfway.
+   The lists and summary.txt are those of scripts/mutants.sh, written as the run goes, so
+   scripts/mutants_ledger.py counts a run stopped halfway.
 
 --remaining runs only the mutants the ledger has no outcome for on today's sources (and its
-missed ones, again); --names FILE only the mutants named in FILE; --in-diff only those in the lines a diff touches (cargo mutants
---in-diff: scripts/mutants_ci.sh); --limit N stops after N mutants; --fallback N runs at most N
+missed ones, again); --names FILE only the mutants named in FILE; --in-diff only those in the
+lines a diff touches (cargo mutants --in-diff: scripts/mutants_ci.sh); --limit N stops after N mutants; --fallback N runs at most N
 of the fallback mutants (an evenly spread sample when there are more); --fail-on-missed exits
 with 1 when a mutant survives (in either part).
 

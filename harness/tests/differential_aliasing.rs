@@ -9,7 +9,7 @@
 use cachalot_harness::driver::run_scenario_observed;
 use cachalot_harness::op::{ADOPT_REGION, AdoptBlockSpec, AdoptSpec, Op};
 use cachalot_harness::scenario::{Knobs, Scenario};
-use cachalot_harness::side::Observation;
+use cachalot_harness::side::{BlockKind, Observation};
 
 const MIB: u64 = 1 << 20;
 
@@ -119,6 +119,16 @@ fn empty_cache_unmaps_lent_blocks_and_gives_every_page_back_alike() {
     );
 }
 
+/// The blocks of `kind` in the adopted range, as (offset, size) in MiB from its address.
+fn adopted_blocks(o: &Observation, kind: BlockKind) -> Vec<(u64, u64)> {
+    o.layout
+        .iter()
+        .flat_map(|s| s.blocks.iter())
+        .filter(|b| b.kind == kind)
+        .map(|b| ((b.address - ADOPT_REGION) / MIB, b.size / MIB))
+        .collect()
+}
+
 /// A block of an adopted range: `state` 0 free, 1 allocated (all of it requested), 3 unmapped.
 fn adopted(size: u64, state: u8) -> AdoptBlockSpec {
     AdoptBlockSpec {
@@ -172,24 +182,12 @@ fn borrowing_passes_over_free_blocks_holding_homes_of_the_runs_lent_pages_alike(
             malloc(24 * MIB),
         ],
     );
-    let free_blocks: Vec<(u64, u64)> = o
-        .layout
-        .iter()
-        .flat_map(|s| s.blocks.iter())
-        .filter(|b| b.kind == cachalot_harness::side::BlockKind::Free)
-        .map(|b| ((b.address - ADOPT_REGION) / MIB, b.size / MIB))
-        .collect();
+    let free_blocks = adopted_blocks(&o, BlockKind::Free);
     assert!(
         free_blocks.contains(&(0, 16)),
         "the lender of the run's lent pages keeps its pages: {free_blocks:?}"
     );
-    let allocated: Vec<(u64, u64)> = o
-        .layout
-        .iter()
-        .flat_map(|s| s.blocks.iter())
-        .filter(|b| b.kind == cachalot_harness::side::BlockKind::Allocated)
-        .map(|b| ((b.address - ADOPT_REGION) / MIB, b.size / MIB))
-        .collect();
+    let allocated = adopted_blocks(&o, BlockKind::Allocated);
     assert!(allocated.contains(&(39, 24)), "{allocated:?}");
 }
 
@@ -233,24 +231,12 @@ fn borrowing_passes_over_a_free_block_whose_first_page_is_the_home_of_a_lent_pag
             malloc(21 * MIB),
         ],
     );
-    let blocks = |kind| -> Vec<(u64, u64)> {
-        o.layout
-            .iter()
-            .flat_map(|s| s.blocks.iter())
-            .filter(|b| b.kind == kind)
-            .map(|b| ((b.address - ADOPT_REGION) / MIB, b.size / MIB))
-            .collect()
-    };
-    use cachalot_harness::side::BlockKind;
+    let allocated = adopted_blocks(&o, BlockKind::Allocated);
+    assert!(allocated.contains(&(22, 21)), "{allocated:?}");
+    let free_blocks = adopted_blocks(&o, BlockKind::Free);
     assert!(
-        blocks(BlockKind::Allocated).contains(&(22, 21)),
-        "{:?}",
-        blocks(BlockKind::Allocated)
-    );
-    assert!(
-        blocks(BlockKind::Free).contains(&(2, 18)),
-        "the lender keeps its pages but the carved home: {:?}",
-        blocks(BlockKind::Free)
+        free_blocks.contains(&(2, 18)),
+        "the lender keeps its pages but the carved home: {free_blocks:?}"
     );
     assert_eq!(stat(&o, "reserved_bytes.all.current"), (44 * MIB) as i64);
 }
