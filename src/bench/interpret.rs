@@ -219,7 +219,9 @@ pub struct Timed {
 }
 
 /// The timed passes: the start (untimed), `lines` lines after `s` on the fresh allocator, then
-/// `passes - 1` more times, each after releasing everything (untimed).
+/// `passes - 1` more times, each after releasing everything (untimed). Never inlined: profiles
+/// of the timed passes (callgrind's `--toggle-collect=*timed_passes*`, results/) find it by name.
+#[inline(never)]
 pub fn timed_passes<T: BenchTarget>(
     target: &mut T,
     program: &OpsProgram,
