@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# session 17: cachalot's default against cachalot with PyTorch's policy on the GPU, 30 traces,
+# 5 passes, no hot loops, three variants on one machine, twice each, interleaved:
+#   base  = the committed allocator (6f3a793's),            --only cachalot-pytorch,cachalot
+#   n0    = the same binary, thread_cache_blocks:0,          --only cachalot
+#   vec   = base + rule 23's address index as a sorted vector, --only cachalot-pytorch,cachalot
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+cd "$(dirname "$0")/.."
+tar xJf .gpu-work/exp.tar.xz -C .gpu-work
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $OUT/gpu.txt
+lscpu | grep -E "Model name|^CPU\(s\)" >> $OUT/gpu.txt
+W=/tmp/w17; mkdir -p $W/ops $W/logs
+B=.gpu-work/exp/base; V=.gpu-work/exp/vec
+# the ops files, as scripts/gpu_bench.sh exports them
+for t in tests/fixtures/traces/*.pickle; do
+  $B/cachalot replay "$t" --pytorch --start live-tensors --ops-out $W/ops/$(basename $t .pickle).ops > /dev/null 2>&1 || echo "export $t failed"
+done
+for t in tests/fixtures/user/*.pickle.gz; do
+  n=$(basename $t .pickle.gz)
+  if [ $n = two_devices ]; then
+    $B/cachalot replay $t --pytorch --start live-tensors --device 0 --ops-out $W/ops/two_devices_dev0.ops > /dev/null 2>&1
+    $B/cachalot replay $t --pytorch --start live-tensors --device 1 --ops-out $W/ops/two_devices_dev1.ops > /dev/null 2>&1
+  else
+    $B/cachalot replay $t --pytorch --start live-tensors --ops-out $W/ops/$n.ops > /dev/null 2>&1 || echo "export $t failed"
+  fi
+done
+python3 scripts/synthetic_ops.py $W/ops > /dev/null
+ls $W/ops/*.ops | wc -l
+(cd $W/ops && sha256sum *.ops > SHA256SUMS)
+for rep in 1 2; do
+  $B/gpu_compare --backend cuda --out $W/base_$rep --passes 5 --no-hot --only cachalot-pytorch,cachalot $W/ops/*.ops > $W/logs/base_$rep.log 2>&1; echo "base $rep rc $?"
+  $B/gpu_compare --backend cuda --out $W/n0_$rep --passes 5 --no-hot --only cachalot --cachalot-config thread_cache_blocks:0 $W/ops/*.ops > $W/logs/n0_$rep.log 2>&1; echo "n0 $rep rc $?"
+  $V/gpu_compare --backend cuda --out $W/vec_$rep --passes 5 --no-hot --only cachalot-pytorch,cachalot $W/ops/*.ops > $W/logs/vec_$rep.log 2>&1; echo "vec $rep rc $?"
+done
+tail -3 $W/logs/base_1.log
+cd $W && tar czf $OUT/runs17.tgz base_* n0_* vec_* logs ops/SHA256SUMS
+ls -l $OUT
