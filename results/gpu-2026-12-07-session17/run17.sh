@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # session 17: cachalot's default against cachalot with PyTorch's policy on the GPU, 30 traces,
-# 5 passes, no hot loops, three variants on one machine, twice each, interleaved:
+# no hot loops. usage: REPS="1 2" run17.sh reps | run17.sh pin
+#   reps: three variants, 5 passes, interleaved, once per repetition in REPS:
 #   base  = the committed allocator (6f3a793's),            --only cachalot-pytorch,cachalot
 #   n0    = the same binary, thread_cache_blocks:0,          --only cachalot
 #   vec   = base + rule 23's address index as a sorted vector, --only cachalot-pytorch,cachalot
+#   pin:  base only, six repetitions pinned to one CPU (taskset -c 5), then two of 20 passes.
+MODE=${1:-reps}
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 cd "$(dirname "$0")/.."
 tar xJf .gpu-work/exp.tar.xz -C .gpu-work
@@ -27,11 +30,21 @@ done
 python3 scripts/synthetic_ops.py $W/ops > /dev/null
 ls $W/ops/*.ops | wc -l
 (cd $W/ops && sha256sum *.ops > SHA256SUMS)
-for rep in 1 2; do
+if [ "$MODE" = reps ]; then
+for rep in ${REPS:-1 2}; do
   $B/gpu_compare --backend cuda --out $W/base_$rep --passes 5 --no-hot --only cachalot-pytorch,cachalot $W/ops/*.ops > $W/logs/base_$rep.log 2>&1; echo "base $rep rc $?"
   $B/gpu_compare --backend cuda --out $W/n0_$rep --passes 5 --no-hot --only cachalot --cachalot-config thread_cache_blocks:0 $W/ops/*.ops > $W/logs/n0_$rep.log 2>&1; echo "n0 $rep rc $?"
   $V/gpu_compare --backend cuda --out $W/vec_$rep --passes 5 --no-hot --only cachalot-pytorch,cachalot $W/ops/*.ops > $W/logs/vec_$rep.log 2>&1; echo "vec $rep rc $?"
 done
-tail -3 $W/logs/base_1.log
-cd $W && tar czf $OUT/runs17.tgz base_* n0_* vec_* logs ops/SHA256SUMS
+else
+  cat /sys/devices/system/cpu/cpu0/cpufreq/scaling_governor > $OUT/cpufreq.txt 2>&1
+  grep MHz /proc/cpuinfo | head -16 >> $OUT/cpufreq.txt
+  for rep in 1 2 3 4 5 6; do
+    taskset -c 5 $B/gpu_compare --backend cuda --out $W/pin_$rep --passes 5 --no-hot --only cachalot-pytorch,cachalot $W/ops/*.ops > $W/logs/pin_$rep.log 2>&1; echo "pin $rep rc $?"
+  done
+  for rep in 1 2; do
+    $B/gpu_compare --backend cuda --out $W/p20_$rep --passes 20 --no-hot --only cachalot-pytorch,cachalot $W/ops/*.ops > $W/logs/p20_$rep.log 2>&1; echo "p20 $rep rc $?"
+  done
+fi
+cd $W && tar czf $OUT/runs17.tgz $(ls -d base_* n0_* vec_* pin_* p20_* 2>/dev/null) logs ops/SHA256SUMS
 ls -l $OUT
