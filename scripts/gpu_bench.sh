@@ -15,7 +15,11 @@
 # once, default 4), MALLOC_PREFIX (cuMemAlloc's lines per trace, default 4000), HOT_PAIRS
 # (pairs per hot loop, default 1000000), ONLY (a regular expression: only the ops files whose
 # name matches, for a quick check), CACHALOT_CONFIG (settings applied to cachalot's policies:
-# gpu_compare's --cachalot-config), SKIP_PYTORCH=1 (cachalot, the pool and cuMemAlloc only).
+# gpu_compare's --cachalot-config), SKIP_PYTORCH=1 (cachalot, the pool and cuMemAlloc only),
+# REPEATS (default 1: with R > 1, gpu_compare replays every trace R - 1 more times with cachalot's
+# two policies only, no hot loops, into OUT/repeats/K/, and the report judges the steady-speed
+# target on the median of the paired ratios: docs/GPU_BENCH.md, "How precise the steady figure
+# is").
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_bench.sh OUT}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -26,6 +30,7 @@ JOBS=${JOBS:-4}
 MALLOC_PREFIX=${MALLOC_PREFIX:-4000}
 HOT_PAIRS=${HOT_PAIRS:-1000000}
 ONLY=${ONLY:-.}
+REPEATS=${REPEATS:-1}
 mkdir -p "$OUT/ops" "$OUT/runs" "$OUT/logs"
 OUT=$(cd "$OUT" && pwd)
 export PYTHONUNBUFFERED=1
@@ -93,6 +98,12 @@ CONFIG=()
 [ -n "${CACHALOT_CONFIG:-}" ] && CONFIG=(--cachalot-config "$CACHALOT_CONFIG")
 "$BIN/examples/gpu_compare" --out "$OUT" --passes "$PASSES" --malloc-prefix "$MALLOC_PREFIX" \
   --hot-pairs "$HOT_PAIRS" "${CONFIG[@]}" "${OPS[@]}" 2>&1 | tee "$OUT/logs/gpu_compare.log" || failed=1
+
+for ((k = 2; k <= REPEATS; k++)); do
+  stamp "repeat $k of $REPEATS"
+  "$BIN/examples/gpu_compare" --out "$OUT/repeats/$k" --passes "$PASSES" --no-hot \
+    --only cachalot-pytorch,cachalot "${CONFIG[@]}" "${OPS[@]}" > "$OUT/logs/repeat_$k.log" 2>&1 || failed=1
+done
 
 if [ -z "${SKIP_PYTORCH:-}" ]; then
   stamp pytorch

@@ -293,6 +293,85 @@ fn the_default_policys_targets_compare_it_with_pytorchs_policy_in_the_same_run()
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Writes one repetition's run files under `dir/repeats/name/runs/`.
+fn write_repeat(dir: &Path, name: &str, runs: &[serde_json::Value]) {
+    let runs_dir = dir.join("repeats").join(name).join("runs");
+    std::fs::create_dir_all(&runs_dir).unwrap();
+    for (i, r) in runs.iter().enumerate() {
+        std::fs::write(runs_dir.join(format!("{i:03}.json")), r.to_string()).unwrap();
+    }
+}
+
+/// c-pt at 100 ns/op and cachalot's policy at `ns` on `trace`, every steady pass.
+fn speed_pair(trace: &str, ns: f64) -> [serde_json::Value; 2] {
+    let mib = 1u64 << 20;
+    [
+        with_passes(
+            trace_run("cachalot-pytorch", trace, 100 * mib, 150 * mib, 0.0),
+            &[0, 0, 0],
+            &[100.0, 100.0, 100.0],
+        ),
+        with_passes(
+            trace_run("cachalot", trace, 100 * mib, 101 * mib, 0.0),
+            &[0, 0, 0],
+            &[ns, ns, ns],
+        ),
+    ]
+}
+
+#[test]
+fn the_speed_target_takes_the_median_of_the_paired_ratios_of_every_repetition() {
+    // gpt: 1.5× in the main run, 1.1× and 1.15× in the repetitions: the median (1.15×) meets
+    // 1.2×. bert: 1.1× in the main run, 1.4× and 1.5× after: the median (1.4×) misses. Without
+    // the repetitions the main run alone decides the other way on both.
+    let dir = tmp("repeats");
+    let main: Vec<_> = [speed_pair("gpt", 150.0), speed_pair("bert", 110.0)].concat();
+    write_runs(&dir, &main);
+    let report = |dir: &Path| {
+        let out = cachalot(&["bench-report", dir.to_str().unwrap()]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let md = std::fs::read_to_string(dir.join("results.md")).unwrap();
+        target_line(&md, "steady ns/op: cachalot's policy within 1.2×")
+    };
+    let alone = report(&dir);
+    assert!(
+        alone.contains("met on 1 of 2") && alone.contains("slower: gpt 1.50×"),
+        "{alone}"
+    );
+    assert!(!alone.contains("paired runs"), "{alone}");
+    write_repeat(
+        &dir,
+        "2",
+        &[speed_pair("gpt", 110.0), speed_pair("bert", 140.0)].concat(),
+    );
+    write_repeat(
+        &dir,
+        "3",
+        &[speed_pair("gpt", 115.0), speed_pair("bert", 150.0)].concat(),
+    );
+    let repeated = report(&dir);
+    assert!(
+        repeated.contains("median of up to 3 paired runs; met on 1 of 2 (passes 3 on: 1 of 2)")
+            && repeated.contains("slower: bert 1.40×")
+            && !repeated.contains("gpt 1."),
+        "{repeated}"
+    );
+    // A repetition's file that is not a run is refused by name, as the main run's are.
+    std::fs::write(dir.join("repeats/3/runs/bad.json"), "{}").unwrap();
+    let out = cachalot(&["bench-report", dir.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("bad.json"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_file_that_is_not_a_run_is_refused_by_name() {
     for (bad, why) in [
