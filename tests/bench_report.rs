@@ -68,6 +68,17 @@ fn target_line(md: &str, start: &str) -> String {
         .to_string()
 }
 
+/// Runs `cachalot bench-report DIR`, which must succeed, and returns its results.md.
+fn report_md(dir: &Path) -> String {
+    let out = cachalot(&["bench-report", dir.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::read_to_string(dir.join("results.md")).unwrap()
+}
+
 fn write_runs(dir: &Path, runs: &[serde_json::Value]) {
     let runs_dir = dir.join("runs");
     std::fs::create_dir_all(&runs_dir).unwrap();
@@ -114,13 +125,7 @@ fn the_report_states_each_target_met_or_missed_with_its_figures() {
             hot("cachalot", "buffer", [100.0, 60.0, 40.0, 200.0]),
         ],
     );
-    let out = cachalot(&["bench-report", dir.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let md = std::fs::read_to_string(dir.join("results.md")).unwrap();
+    let md = report_md(&dir);
     let target = |start: &str| target_line(&md, start);
     // 1 thread: 400/80 = 5× and 400/100 = 4×: missed.
     let one = target("hot 1 MiB pair on 1 thread");
@@ -187,13 +192,7 @@ fn targets_met_say_yes() {
             trace_run("cachalot", "bert", 100 * mib, 102 * mib, 45.0),
         ],
     );
-    let out = cachalot(&["bench-report", dir.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let md = std::fs::read_to_string(dir.join("results.md")).unwrap();
+    let md = report_md(&dir);
     for start in [
         "trace replay, steady ns/op: cachalot's policy",
         "with PyTorch's settings",
@@ -259,13 +258,7 @@ fn the_default_policys_targets_compare_it_with_pytorchs_policy_in_the_same_run()
             ),
         ],
     );
-    let out = cachalot(&["bench-report", dir.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let md = std::fs::read_to_string(dir.join("results.md")).unwrap();
+    let md = report_md(&dir);
     let target = |start: &str| target_line(&md, start);
     let calls = target("driver calls per steady pass");
     assert!(
@@ -328,14 +321,10 @@ fn the_speed_target_takes_the_median_of_the_paired_ratios_of_every_repetition() 
     let main: Vec<_> = [speed_pair("gpt", 150.0), speed_pair("bert", 110.0)].concat();
     write_runs(&dir, &main);
     let report = |dir: &Path| {
-        let out = cachalot(&["bench-report", dir.to_str().unwrap()]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let md = std::fs::read_to_string(dir.join("results.md")).unwrap();
-        target_line(&md, "steady ns/op: cachalot's policy within 1.2×")
+        target_line(
+            &report_md(dir),
+            "steady ns/op: cachalot's policy within 1.2×",
+        )
     };
     let alone = report(&dir);
     assert!(
@@ -436,13 +425,7 @@ fn older_and_failed_runs_are_read_with_their_missing_figures_shown_as_missing() 
                    "allocator": "pytorch", "path": "raw", "error": "it broke too"}),
         ],
     );
-    let out = cachalot(&["bench-report", dir.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let md = std::fs::read_to_string(dir.join("results.md")).unwrap();
+    let md = report_md(&dir);
     // Driver table: calls / reserved-memory changes / hit rate; the older run's changes: –.
     assert!(md.contains("| 7 / – / 98.6% |"), "{md}");
     // Speed: steady (first); the older run's first pass: –.
