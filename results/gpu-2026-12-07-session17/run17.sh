@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # session 17: cachalot's default against cachalot with PyTorch's policy on the GPU, 30 traces,
-# no hot loops. usage: REPS="1 2" run17.sh reps | run17.sh pin
+# no hot loops. usage: REPS="1 2" run17.sh reps | run17.sh pin | run17.sh bench
 #   reps: three variants, 5 passes, interleaved, once per repetition in REPS:
 #   base  = the committed allocator (6f3a793's),            --only cachalot-pytorch,cachalot
 #   n0    = the same binary, thread_cache_blocks:0,          --only cachalot
 #   vec   = base + rule 23's address index as a sorted vector, --only cachalot-pytorch,cachalot
 #   pin:  base only, six repetitions pinned to one CPU (taskset -c 5), then two of 20 passes.
+#   bench: scripts/gpu_bench.sh with REPEATS=6 (the report's paired medians), PyTorch skipped,
+#          with the committed tools (.gpu-work/exp/new: bin/cachalot, examples/gpu_compare).
 MODE=${1:-reps}
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 cd "$(dirname "$0")/.."
@@ -36,6 +38,11 @@ for rep in ${REPS:-1 2}; do
   $B/gpu_compare --backend cuda --out $W/n0_$rep --passes 5 --no-hot --only cachalot --cachalot-config thread_cache_blocks:0 $W/ops/*.ops > $W/logs/n0_$rep.log 2>&1; echo "n0 $rep rc $?"
   $V/gpu_compare --backend cuda --out $W/vec_$rep --passes 5 --no-hot --only cachalot-pytorch,cachalot $W/ops/*.ops > $W/logs/vec_$rep.log 2>&1; echo "vec $rep rc $?"
 done
+elif [ "$MODE" = bench ]; then
+  BIN=$PWD/.gpu-work/exp/new SKIP_PYTORCH=1 REPEATS=6 PASSES=5 HOT_PAIRS=100000 \
+    scripts/gpu_bench.sh $W/bench > $W/logs/bench.log 2>&1; echo "bench rc $?"
+  grep -E "steady ns/op|driver calls per steady|memory: cachalot" $W/bench/results.md | cut -c1-400
+  (cd $W/bench && tar czf $OUT/bench17.tgz results.md results.json results.csv machine.json runs repeats logs)
 else
   cat /sys/devices/system/cpu/cpu0/cpufreq/scaling_governor > $OUT/cpufreq.txt 2>&1
   grep MHz /proc/cpuinfo | head -16 >> $OUT/cpufreq.txt
@@ -46,5 +53,5 @@ else
     $B/gpu_compare --backend cuda --out $W/p20_$rep --passes 20 --no-hot --only cachalot-pytorch,cachalot $W/ops/*.ops > $W/logs/p20_$rep.log 2>&1; echo "p20 $rep rc $?"
   done
 fi
-cd $W && tar czf $OUT/runs17.tgz $(ls -d base_* n0_* vec_* pin_* p20_* 2>/dev/null) logs ops/SHA256SUMS
+cd $W && tar czf $OUT/runs17_$MODE.tgz $(ls -d base_* n0_* vec_* pin_* p20_* 2>/dev/null) logs ops/SHA256SUMS
 ls -l $OUT
