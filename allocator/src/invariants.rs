@@ -1012,7 +1012,7 @@ fn check_views(
         })
     };
     let listed = |end: u64, id: BlockId| {
-        views.free_at.get(&end) == Some(&id) && views.deferred != Some((end, id))
+        views.free_at.get(end) == Some(id) && views.deferred != Some((end, id))
     };
     let marked = |id: BlockId| views.indexed.get(id as usize).copied().unwrap_or(false);
     let missing = parts.free[0]

@@ -35,7 +35,6 @@
 //! segment; it is a live allocation like any other (the live map, `record_stream`, events,
 //! thread caches), and its return (rule 10) returns the held pieces.
 
-use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 
 use rustc_hash::FxHashMap;
@@ -139,6 +138,57 @@ impl RangeHomes {
     }
 }
 
+/// Rule 23's address index: `(end, block)` of the free blocks that hold a home, sorted by
+/// end (ends are distinct: free blocks are disjoint). A sorted vector, not a B-tree: it holds a
+/// handful of entries (measured over the benchmark's traces, 2-6 on average, 70 at most on
+/// synthetic_many_sizes, 2026-12-07), and every insert into a free set that holds a home
+/// writes it, so a binary search and a short move beat a B-tree's node walk and its
+/// allocations (results/steady-gap-2026-12-06/ put the map's upkeep at about a tenth of the
+/// default policy's steady cost on the programs that make many views).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct EndIndex {
+    entries: Vec<(u64, BlockId)>,
+}
+
+impl EndIndex {
+    /// Where `end` is, or would go.
+    #[inline]
+    fn position(&self, end: u64) -> Result<usize, usize> {
+        self.entries.binary_search_by_key(&end, |&(e, _)| e)
+    }
+
+    /// Block `id` ends at `end`; an entry at `end` takes the new block.
+    #[inline]
+    pub fn insert(&mut self, end: u64, id: BlockId) {
+        match self.position(end) {
+            Ok(i) => self.entries[i].1 = id,
+            Err(i) => self.entries.insert(i, (end, id)),
+        }
+    }
+
+    /// Removes the entry at `end` if it names block `id` (it may have been taken over since).
+    #[inline]
+    pub fn remove_if(&mut self, end: u64, id: BlockId) {
+        if let Ok(i) = self.position(end)
+            && self.entries[i].1 == id
+        {
+            self.entries.remove(i);
+        }
+    }
+
+    /// The block of the entry at `end`.
+    pub fn get(&self, end: u64) -> Option<BlockId> {
+        self.position(end).ok().map(|i| self.entries[i].1)
+    }
+
+    /// The entries ending at or after `end`, in order.
+    #[inline]
+    pub fn from(&self, end: u64) -> impl Iterator<Item = (u64, BlockId)> + '_ {
+        let i = self.entries.partition_point(|&(e, _)| e < end);
+        self.entries[i..].iter().copied()
+    }
+}
+
 /// Every view, and the indexes of rule 23 (the module's documentation says which and why).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Views {
@@ -162,7 +212,7 @@ pub(crate) struct Views {
     /// The free mapped blocks (of the free sets) that hold a home, by end address (one past
     /// their last byte; free blocks are disjoint, so the first entry at or after a piece's end
     /// names the only free block that can hold it). One entry may be stale: [`Views::deferred`].
-    pub free_at: BTreeMap<u64, BlockId>,
+    pub free_at: EndIndex,
     /// A removal from `free_at` not yet made: `(end, block)` of a block that left the free set.
     /// The next removal makes it first; an insert at the same end replaces its value in place.
     /// Lookups and the invariant checker skip this one entry while it is deferred.
@@ -250,19 +300,15 @@ impl Views {
 
     /// Makes the deferred removal, if any (its entry may have been taken over since).
     fn flush_deferred(&mut self) {
-        if let Some((end, id)) = self.deferred.take()
-            && let Entry::Occupied(e) = self.free_at.entry(end)
-            && *e.get() == id
-        {
-            e.remove();
+        if let Some((end, id)) = self.deferred.take() {
+            self.free_at.remove_if(end, id);
         }
     }
 
     /// The address index's live entries: every entry but a deferred removal's.
     pub(crate) fn indexed_blocks(&self) -> impl Iterator<Item = (u64, BlockId)> + '_ {
         self.free_at
-            .iter()
-            .map(|(&end, &id)| (end, id))
+            .from(0)
             .filter(move |&e| Some(e) != self.deferred)
     }
 }
@@ -324,8 +370,7 @@ impl<B: Backend> CachingCore<B> {
         // is the only one that can hold it (the deferred removal's entry is not one).
         let (_, id) = v
             .free_at
-            .range(address + len..)
-            .map(|(&end, &id)| (end, id))
+            .from(address + len)
             .find(|&e| Some(e) != v.deferred)?;
         let b = self.blocks.get(id);
         (b.address <= address).then_some(id)

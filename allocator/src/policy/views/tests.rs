@@ -983,4 +983,37 @@ proptest::proptest! {
         }
         proptest::prop_assert_eq!(homes.is_empty(), counts.iter().all(|&c| c == 0));
     }
+
+    /// Rule 23's address index (a sorted vector) answers as an ordered map: inserts replace a
+    /// present end's block, removals take an end only while it names the block given, and the
+    /// entries from an end on come in order.
+    #[test]
+    fn the_address_index_answers_as_an_ordered_map(
+        ops in proptest::collection::vec((0u8..3, 0u64..40, 0u32..4), 1..200),
+    ) {
+        let mut index = super::EndIndex::default();
+        let mut reference = std::collections::BTreeMap::new();
+        for (kind, end, id) in ops {
+            match kind {
+                0 => {
+                    index.insert(end, id);
+                    reference.insert(end, id);
+                }
+                1 => {
+                    index.remove_if(end, id);
+                    if reference.get(&end) == Some(&id) {
+                        reference.remove(&end);
+                    }
+                }
+                _ => {
+                    let expected: Vec<(u64, u32)> =
+                        reference.range(end..).map(|(&e, &i)| (e, i)).collect();
+                    proptest::prop_assert_eq!(index.from(end).collect::<Vec<_>>(), expected);
+                }
+            }
+            proptest::prop_assert_eq!(index.get(end), reference.get(&end).copied());
+        }
+        let all: Vec<(u64, u32)> = reference.iter().map(|(&e, &i)| (e, i)).collect();
+        proptest::prop_assert_eq!(index.from(0).collect::<Vec<_>>(), all);
+    }
 }
