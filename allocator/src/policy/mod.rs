@@ -286,12 +286,15 @@ impl<B: Backend> CachingCore<B> {
     #[inline]
     fn trace(&mut self, action: TraceAction, address: u64, size: u64, stream: StreamId) {
         if let Some(h) = &mut self.history {
-            h.push(TraceEvent {
-                action,
-                address,
-                size,
-                stream,
-            });
+            record(
+                h,
+                TraceEvent {
+                    action,
+                    address,
+                    size,
+                    stream,
+                },
+            );
         }
     }
 
@@ -347,6 +350,10 @@ impl<B: Backend> CachingCore<B> {
     }
 
     /// Rule 7: garbage collection, a new segment, oversize release, full release and retry.
+    /// Out of line and cold: a loop whose allocations repeat never comes here in its steady
+    /// state, and its code would crowd the instruction cache of the path that does.
+    #[cold]
+    #[inline(never)]
     fn allocate_when_uncached(
         &mut self,
         pool: Pool,
@@ -419,6 +426,8 @@ impl<B: Backend> CachingCore<B> {
         }
     }
 
+    #[cold]
+    #[inline(never)]
     fn out_of_memory(
         &mut self,
         requested: u64,
@@ -583,6 +592,11 @@ impl<B: Backend> CachingCore<B> {
             let mut reach = self.reach(key.3);
             for next in candidates {
                 if self.blocks.get(key.3).range.is_none() {
+                    break;
+                }
+                // A block reaches at least its own size, which its key tells: the usual end of
+                // the walk reads no other block.
+                if next.1 >= reach {
                     break;
                 }
                 let r = self.reach(next.3);
@@ -1007,4 +1021,13 @@ fn apply_net(stat: &mut crate::stats::StatArray, pool: Pool, net: i64) {
     } else if net < 0 {
         stat.decrease(pool, net.unsigned_abs());
     }
+}
+
+/// Records one event of the history (`record_history`): out of line, so that the
+/// operations that call [`CachingCore::trace`] on every allocation and free keep only the
+/// check for a recording in their code (recording reads the clock and may take a backtrace).
+#[cold]
+#[inline(never)]
+fn record(history: &mut History, event: TraceEvent) {
+    history.push(event);
 }
