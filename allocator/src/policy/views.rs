@@ -22,9 +22,10 @@
 //! * the free views by `(last hand-out, number)` for the cap's least-recently-used eviction
 //!   (rule 23g); the in-use views by their allocation's block, for the return (rule 23e);
 //! * the free mapped blocks that hold a view's home (the only ones a piece can lie in) by
-//!   their *end* address (`free_at`), kept beside the free sets (every insert and removal goes
-//!   through [`CachingCore::free_insert`] and [`CachingCore::free_remove`]), so whether a
-//!   piece lies wholly inside one free block is one lookup. Keyed by the end, the two changes
+//!   their *end* address (`free_at`, a sorted vector: [`EndIndex`]), kept beside the free
+//!   sets (every insert and removal goes through [`CachingCore::free_insert`] and
+//!   [`CachingCore::free_remove`]), so whether a piece lies wholly inside one free block is
+//!   one lookup. Keyed by the end, the two changes
 //!   every steady pass makes most — a free block split for a request (its rest keeps its end)
 //!   and a freed block merged with the free block after it (which takes that block's end) —
 //!   replace one entry's value instead of removing a key and inserting another: a removal is
