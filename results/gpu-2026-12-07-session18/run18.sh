@@ -24,18 +24,20 @@ if [ "$MODE" = compact ]; then
     if [ $n = two_devices ]; then for d in 0 1; do .gpu/bin/cachalot replay $t --pytorch --start live-tensors --device $d --ops-out $W/ops/two_devices_dev$d.ops > /dev/null 2>&1; done
     else .gpu/bin/cachalot replay $t --pytorch --start live-tensors --ops-out $W/ops/$n.ops > /dev/null 2>&1 || echo "export $t failed"; fi; done
   python3 scripts/synthetic_ops.py $W/ops > /dev/null; ls $W/ops/*.ops | wc -l; (cd $W/ops && sha256sum *.ops > SHA256SUMS)
-  # base: be4f4d3's gpu_compare (.gpu/commit.txt); v1: the same with the rarely taken paths of
-  # the core out of line and cold (gpu_compare_v1), interleaved
-  for rep in 1 2 3 4 5 6; do for v in base v1; do x=.gpu/examples/gpu_compare; [ $v = v1 ] && x=${x}_v1
+  # base: the packed commit's gpu_compare (.gpu/commit.txt); v1, when the pack holds one, a
+  # second build to pair with it (.gpu/examples/gpu_compare_v1: e.g. another commit's, built in
+  # a worktree), interleaved
+  VS=base; [ -x .gpu/examples/gpu_compare_v1 ] && VS="base v1"
+  for rep in 1 2 3 4 5 6; do for v in $VS; do x=.gpu/examples/gpu_compare; [ $v = v1 ] && x=${x}_v1
     $x --backend cuda --out $W/cuda_${v}_$rep --passes 5 --no-hot --only cachalot-pytorch,cachalot $W/ops/*.ops > $W/cuda_${v}_$rep.log 2>&1; echo "cuda $v $rep rc $?"; done; done
-  for rep in 1 2 3; do for v in base v1; do x=.gpu/examples/gpu_compare; [ $v = v1 ] && x=${x}_v1
+  for rep in 1 2 3; do for v in $VS; do x=.gpu/examples/gpu_compare; [ $v = v1 ] && x=${x}_v1
     $x --backend sim --out $W/sim_${v}_$rep --passes 5 --no-hot --only cachalot-pytorch,cachalot $W/ops/*.ops > $W/sim_${v}_$rep.log 2>&1; echo "sim $v $rep rc $?"; done; done
-  for k in cuda_base cuda_v1 sim_base sim_v1; do echo "$k: $(python3 scripts/steady_ratio.py cachalot-pytorch cachalot $W/${k}_? | tail -2 | head -1)"; done
+  for v in $VS; do for k in cuda_$v sim_$v; do echo "$k: $(python3 scripts/steady_ratio.py cachalot-pytorch cachalot $W/${k}_? | tail -2 | head -1)"; done; done
   (cd $W && tar czf $OUT/s18_compact.tgz cuda_* sim_* ops/SHA256SUMS)
   ( for t in .gpu/tests/*; do echo "== $t"; CACHALOT_REQUIRE_GPU=1 timeout 90 $t --test-threads=1 2>&1 | tail -4; echo "rc ${PIPESTATUS[0]}"; done ) > $OUT/gpu_tests.txt 2>&1
   echo "test result ok: $(grep -c 'test result: ok' $OUT/gpu_tests.txt) of $(ls .gpu/tests | wc -l)"
   grep -B3 "rc [1-9]" $OUT/gpu_tests.txt | head -20
-  [ -f .gpu-work/fuzz.sh ] && bash .gpu-work/fuzz.sh ${FUZZ_SECS:-150} 8 8
+  [ -d .gpu-work/bin ] && bash results/fuzz-2026-12-07/fuzz.sh ${FUZZ_SECS:-150} 8 8
 elif [ "$MODE" = bench ]; then
   PASSES=5 REPEATS=6 HOT_PAIRS=${HOT_PAIRS:-200000} timeout ${BENCH_LIMIT:-555} scripts/gpu_bench.sh /tmp/bench > /tmp/bench.log 2>&1
   echo "bench rc $?"; grep "^== " /tmp/bench.log | tail -12
@@ -49,6 +51,6 @@ else
   ( for t in .gpu/tests/*; do echo "== $t"; CACHALOT_REQUIRE_GPU=1 timeout 90 $t --test-threads=1 2>&1 | tail -4; echo "rc ${PIPESTATUS[0]}"; done ) > $OUT/gpu_tests.txt 2>&1
   echo "test result ok: $(grep -c 'test result: ok' $OUT/gpu_tests.txt) of $(ls .gpu/tests | wc -l)"
   grep -B3 "rc [1-9]" $OUT/gpu_tests.txt | head -20
-  bash .gpu-work/fuzz.sh ${FUZZ_SECS:-330} 8 8
+  bash results/fuzz-2026-12-07/fuzz.sh ${FUZZ_SECS:-330} 8 8
 fi
 ls -l $OUT
